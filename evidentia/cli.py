@@ -1,0 +1,181 @@
+"""The ``evidentia`` command line."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from tqdm import tqdm
+
+from evidentia.config import ConfigError, Settings
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Find the PDF pages that support a supplier's answer.")
+
+EXIT_BAD_INPUT = 1
+EXIT_USAGE = 2
+EXIT_BACKEND = 3
+
+
+def fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code)
+
+
+class Context:
+    """Opened lazily so that `--help` needs no index."""
+
+    def __init__(self) -> None:
+        try:
+            self.settings = Settings.from_env()
+        except ConfigError as exc:
+            raise fail(str(exc))
+        self._backend = None
+        self._detector = None
+
+    @property
+    def backend(self):
+        if self._backend is None:
+            from evidentia.retriever.base import BackendError
+            from evidentia.retriever.factory import open_backend
+
+            try:
+                self._backend = open_backend(self.settings)
+            except ConfigError as exc:
+                raise fail(str(exc))
+            except BackendError as exc:
+                raise fail(str(exc), EXIT_BACKEND)
+        return self._backend
+
+    @property
+    def detector(self):
+        if self._detector is None:
+            from evidentia.indexer.language import LanguageDetector
+
+            self._detector = LanguageDetector(probe_chars=self.settings.language_probe_chars)
+        return self._detector
+
+
+def _index(ctx: Context, paths: list[Path]) -> int:
+    from evidentia.indexer.pipeline import find_pdfs, index_paths
+
+    files, _ = find_pdfs(paths)
+    with tqdm(total=len(files), unit="doc", desc="indexing", file=sys.stderr, disable=None) as bar:
+        pages_done = 0
+
+        def progress(path: Path, pages: int) -> None:
+            nonlocal pages_done
+            pages_done += pages
+            bar.set_postfix_str(f"{pages_done} pages", refresh=False)
+            bar.update(1)
+
+        summary = index_paths(paths, ctx.backend, ctx.detector, on_document=progress)
+    for failure in summary.failures:
+        typer.echo(f"error: {failure.reason}", err=True)
+    typer.echo(summary.line())
+    return EXIT_BAD_INPUT if summary.failures else 0
+
+
+@app.command()
+def index(paths: List[Path] = typer.Argument(..., help="PDF files or folders (searched recursively).")):
+    """Index PDFs page by page. Re-indexing a file replaces the document of the same id (its stem)."""
+    from evidentia.retriever.base import BackendError
+
+    ctx = Context()
+    try:
+        code = _index(ctx, paths)
+    except BackendError as exc:
+        raise fail(str(exc), EXIT_BACKEND)
+    raise typer.Exit(code)
+
+
+@app.command()
+def search(
+    doc: List[str] = typer.Option(..., "--doc", help="Document id to search in (repeatable)."),
+    question: str = typer.Option(..., "--question", "-q"),
+    answer: str = typer.Option("", "--answer", "-a"),
+    top_k: Optional[int] = typer.Option(None, "--top-k", help="Candidate pool size (default EVIDENTIA_POOL_SIZE, 20)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+):
+    """Rank the pages of the given documents for a question and its answer."""
+    from evidentia.retriever.base import BackendError, UnknownDocumentError
+    from evidentia.retriever.query import build_query
+
+    ctx = Context()
+    if not question.strip():
+        raise fail("--question is empty")
+    k = top_k if top_k is not None else ctx.settings.pool_size
+    if k <= 0:
+        raise fail("--top-k must be a positive integer")
+    query = build_query(question, answer, ctx.detector)
+    try:
+        candidates = ctx.backend.search(query.keywords, doc, k)
+    except UnknownDocumentError as exc:
+        raise fail(f"{exc}; `evidentia docs` lists the indexed ones", EXIT_BAD_INPUT)
+    except BackendError as exc:
+        raise fail(str(exc), EXIT_BACKEND)
+    if as_json:
+        typer.echo(json.dumps({"pages": [
+            {"doc_id": c.doc_id, "page": c.page, "score": round(c.score, 6), "snippet": c.snippet}
+            for c in candidates
+        ]}, ensure_ascii=False))
+        return
+    if not candidates:
+        typer.echo("no matching page")
+    for rank, c in enumerate(candidates, 1):
+        typer.echo(f"{rank:>3}. {c.doc_id}  p.{c.page:<4} score {c.score:7.3f}  {c.snippet[:160]}")
+
+
+@app.command()
+def docs(as_json: bool = typer.Option(False, "--json")):
+    """List indexed documents with their page counts."""
+    ctx = Context()
+    infos = ctx.backend.list_documents()
+    if as_json:
+        typer.echo(json.dumps({"documents": [
+            {"doc_id": d.doc_id, "pages": d.pages, "empty_pages": d.empty_pages, "languages": d.languages}
+            for d in infos
+        ]}))
+        return
+    if not infos:
+        typer.echo("no document indexed")
+    for d in infos:
+        langs = ", ".join(f"{k}:{v}" for k, v in d.languages.items()) or "-"
+        typer.echo(f"{d.doc_id}\t{d.pages} pages\t{d.empty_pages} empty\t{langs}")
+
+
+@app.command()
+def delete(doc_id: str = typer.Argument(...)):
+    """Remove a document and all its pages."""
+    ctx = Context()
+    if not ctx.backend.delete_document(doc_id):
+        raise fail(f"unknown document id: {doc_id}", EXIT_BAD_INPUT)
+    typer.echo(f"deleted {doc_id}")
+
+
+@app.command()
+def demo():
+    """Generate a small multilingual sample report, index it and answer one question."""
+    from evidentia.retriever.query import build_query
+    from evidentia.samples import SAMPLE_ANSWER, SAMPLE_QUESTION, write_sample_report
+
+    ctx = Context()
+    with tempfile.TemporaryDirectory() as tmp:
+        pdf = write_sample_report(Path(tmp) / "acme-sustainability-2023.pdf")
+        _index(ctx, [pdf])
+    query = build_query(SAMPLE_QUESTION, SAMPLE_ANSWER, ctx.detector)
+    typer.echo(f"\nQ: {SAMPLE_QUESTION}\nA: {SAMPLE_ANSWER}\n")
+    for rank, c in enumerate(ctx.backend.search(query.keywords, ["acme-sustainability-2023"], 3), 1):
+        typer.echo(f"{rank}. page {c.page} (score {c.score:.2f}, {c.language}): {c.snippet[:200]}")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+"""Text normalisation shared by indexing and querying.
+
+Everything that must be identical on both sides of a BM25 match lives here:
+cleaning, number normalisation, keyword extraction and the supported languages.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from functools import lru_cache
+
+# Languages analysed with their own stemmer (ISO 639-1 -> Snowball / Elasticsearch name).
+LANGUAGES: dict[str, str] = {
+    "en": "english",
+    "fr": "french",
+    "de": "german",
+    "es": "spanish",
+    "it": "italian",
+    "pt": "portuguese",
+    "nl": "dutch",
+    "sv": "swedish",
+    "da": "danish",
+    "no": "norwegian",
+    "fi": "finnish",
+}
+
+# Python twin of the tantivy regex tokenizer in retriever/tantivy_backend.py:
+# a number with an optional decimal part, or a run of letters/digits.
+TOKEN_RE = re.compile(r"\d+(?:\.\d+)?|[^\W_]+")
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ufffd]")
+_HYPHEN_BREAK = re.compile(r"(\w)-\n(\w)")
+_SPACES = re.compile(r"[ \t\u00a0\u2000-\u200b\u202f\u205f\u3000]+")
+_BLANK_LINES = re.compile(r"\n\s*\n+")
+
+
+# French and other typesetting group digits with no-break or thin spaces ("1 577");
+# NFKC turns those into plain spaces, after which "577 373" could as well be two
+# table columns, so the groups are joined before normalisation.
+_TYPOGRAPHIC_GROUP = re.compile(r"(?<=\d)[\u00a0\u202f\u2009](?=\d{3}(?!\d))")
+
+
+def clean_text(raw: str) -> str:
+    """Readable text: unicode normalised, words re-joined across line-end hyphens,
+    control characters and runs of blanks removed, paragraphs kept as blank lines."""
+    text = _TYPOGRAPHIC_GROUP.sub("", raw)
+    text = unicodedata.normalize("NFKC", text)
+    text = _CONTROL.sub(" ", text)
+    text = _HYPHEN_BREAK.sub(r"\1\2", text)
+    text = _SPACES.sub(" ", text)
+    text = "\n".join(line.strip() for line in text.split("\n"))
+    text = _BLANK_LINES.sub("\n\n", text)
+    return text.strip()
+
+
+# --- numbers -------------------------------------------------------------------
+# Figures are written differently in answers and documents: "$1577.00" against
+# "1,577", "12.5%" against "12.5 %", "12,5" (French) or "1.577.000" (German).
+# Both sides are rewritten to one canonical token: no grouping, "." as decimal
+# mark, no trailing zero decimals, currency and percent signs split off.
+_CURRENCY = re.compile(r"([$€£¥₹])(?=\d)")
+_GROUP_COMMA = re.compile(r"(?<![\d.,])(\d{1,3})((?:,\d{3})+)(?![\d,]|\.\d)")
+_GROUP_COMMA_DEC = re.compile(r"(?<![\d.,])(\d{1,3})((?:,\d{3})+)(\.\d+)(?![\d.,])")
+_GROUP_DOT = re.compile(r"(?<![\d.,])(\d{1,3})((?:\.\d{3}){2,})(?:,(\d+))?(?![\d.])")
+_GROUP_DOT_DEC = re.compile(r"(?<![\d.,])(\d{1,3})((?:\.\d{3})+),(\d+)(?![\d.,])")
+_DECIMAL_COMMA = re.compile(r"(?<![\d.,])(\d+),(\d{1,2}|\d{4,})(?![\d.,])")
+_TRAILING_ZEROS = re.compile(r"(?<![\d.])(\d+)\.(\d*?)0+(?![\d])")
+
+
+def normalise_numbers(text: str) -> str:
+    text = _CURRENCY.sub(r"\1 ", text)
+    text = _GROUP_COMMA_DEC.sub(lambda m: m.group(1) + m.group(2).replace(",", "") + m.group(3), text)
+    text = _GROUP_DOT_DEC.sub(lambda m: m.group(1) + m.group(2).replace(".", "") + "." + m.group(3), text)
+    text = _GROUP_DOT.sub(
+        lambda m: m.group(1) + m.group(2).replace(".", "") + ("." + m.group(3) if m.group(3) else ""), text
+    )
+    text = _GROUP_COMMA.sub(lambda m: m.group(1) + m.group(2).replace(",", ""), text)
+    text = _DECIMAL_COMMA.sub(r"\1.\2", text)
+    text = _TRAILING_ZEROS.sub(lambda m: m.group(1) + ("." + m.group(2) if m.group(2) else ""), text)
+    return text.replace("%", " % ")
+
+
+def search_text(clean: str) -> str:
+    """The form of a page's text that goes into the BM25 index."""
+    return normalise_numbers(clean)
+
+
+def tokens(text: str) -> list[str]:
+    """Lower-cased word and number tokens of already-normalised text."""
+    return TOKEN_RE.findall(text.lower())
+
+
+@lru_cache(maxsize=None)
+def stop_words(language: str) -> frozenset[str]:
+    from stop_words import StopWordError, get_stop_words
+
+    try:
+        return frozenset(w.lower() for w in get_stop_words(language))
+    except StopWordError:
+        return frozenset()
+
+
+def keywords(text: str, language: str | None) -> list[str]:
+    """Distinct non-stop-word tokens of ``text`` in first-seen order.
+
+    English stop words are always removed as well: questions are often English
+    even when the answer or the documents are not.
+    """
+    stops = stop_words("en") | (stop_words(language) if language else frozenset())
+    seen: dict[str, None] = {}
+    for tok in tokens(normalise_numbers(text)):
+        if tok in stops or (len(tok) == 1 and not tok.isdigit()):
+            continue
+        seen.setdefault(tok, None)
+    return list(seen)

@@ -1,0 +1,80 @@
+"""Index files and folders of PDFs into a search backend, one document at a time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+from evidentia.indexer.language import LanguageDetector
+from evidentia.indexer.pdf import PdfError, extract_pages
+from evidentia.retriever.base import SearchBackend
+
+
+@dataclass
+class IndexFailure:
+    path: str
+    reason: str
+
+
+@dataclass
+class IndexSummary:
+    documents: int = 0
+    pages: int = 0
+    empty_pages: int = 0
+    failures: list[IndexFailure] = field(default_factory=list)
+    doc_ids: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        return (f"{self.documents} document(s), {self.pages} page(s) indexed, "
+                f"{self.empty_pages} empty page(s) (no extractable text), {len(self.failures)} failure(s)")
+
+
+def find_pdfs(paths: Iterable[Path]) -> tuple[list[Path], list[IndexFailure]]:
+    """Expand folders (recursively, *.pdf in any case); report paths that do not exist.
+    A file named explicitly is taken whatever its extension, so a mislabelled
+    upload still gets a clear 'not a PDF' error."""
+    files: list[Path] = []
+    missing: list[IndexFailure] = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            files.extend(sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() == ".pdf"))
+        elif path.is_file():
+            files.append(path)
+        else:
+            missing.append(IndexFailure(str(path), f"{path}: no such file or folder"))
+    return list(dict.fromkeys(files)), missing
+
+
+def index_pdf(path: Path, backend: SearchBackend, detector: LanguageDetector, doc_id: str | None = None):
+    """Extract, then write in one step: a PDF that fails leaves nothing behind."""
+    document = extract_pages(Path(path), doc_id or Path(path).stem, detector)
+    backend.index_document(document)
+    return document
+
+
+def index_paths(
+    paths: Sequence[Path],
+    backend: SearchBackend,
+    detector: LanguageDetector,
+    on_document: Callable[[Path, int], None] | None = None,
+) -> IndexSummary:
+    """Index every PDF under ``paths``; bad files are recorded, the rest still indexed.
+    ``on_document(path, pages)`` is called after each file (pages = 0 on failure)."""
+    files, failures = find_pdfs(paths)
+    summary = IndexSummary(failures=failures)
+    for path in files:
+        try:
+            document = index_pdf(path, backend, detector)
+        except PdfError as exc:
+            summary.failures.append(IndexFailure(str(path), str(exc)))
+            pages = 0
+        else:
+            summary.documents += 1
+            summary.pages += document.page_count
+            summary.empty_pages += document.empty_pages
+            summary.doc_ids.append(document.doc_id)
+            pages = document.page_count
+        if on_document:
+            on_document(path, pages)
+    return summary
