@@ -177,5 +177,14 @@ def main() -> None:
     app()
 
 
+# Evaluation lives in its own package; its command is registered here so that
+# `evidentia --help` lists everything in one place. evaluation/cli.py imports
+# only typer at module level (and evidentia.cli lazily), so this stays cheap
+# and free of import cycles.
+from evidentia.evaluation.cli import eval_command  # noqa: E402
+
+app.command("eval")(eval_command)
+
+
 if __name__ == "__main__":
     main()

@@ -44,10 +44,12 @@ _TYPOGRAPHIC_GROUP = re.compile(r"(?<=\d)[\u00a0\u202f\u2009](?=\d{3}(?!\d))")
 def clean_text(raw: str) -> str:
     """Readable text: unicode normalised, words re-joined across line-end hyphens,
     control characters and runs of blanks removed, paragraphs kept as blank lines."""
-    text = _TYPOGRAPHIC_GROUP.sub("", raw)
+    # The `in` checks are C-speed scans that skip most regex passes on most pages.
+    text = _TYPOGRAPHIC_GROUP.sub("", raw) if ("\u00a0" in raw or "\u202f" in raw or "\u2009" in raw) else raw
     text = unicodedata.normalize("NFKC", text)
     text = _CONTROL.sub(" ", text)
-    text = _HYPHEN_BREAK.sub(r"\1\2", text)
+    if "-\n" in text:
+        text = _HYPHEN_BREAK.sub(r"\1\2", text)
     text = _SPACES.sub(" ", text)
     text = "\n".join(line.strip() for line in text.split("\n"))
     text = _BLANK_LINES.sub("\n\n", text)
@@ -58,27 +60,34 @@ def clean_text(raw: str) -> str:
 # Figures are written differently in answers and documents: "$1577.00" against
 # "1,577", "12.5%" against "12.5 %", "12,5" (French) or "1.577.000" (German).
 # Both sides are rewritten to one canonical token: no grouping, "." as decimal
-# mark, no trailing zero decimals, currency and percent signs split off.
-_CURRENCY = re.compile(r"([$€£¥₹])(?=\d)")
-_GROUP_COMMA = re.compile(r"(?<![\d.,])(\d{1,3})((?:,\d{3})+)(?![\d,]|\.\d)")
-_GROUP_COMMA_DEC = re.compile(r"(?<![\d.,])(\d{1,3})((?:,\d{3})+)(\.\d+)(?![\d.,])")
-_GROUP_DOT = re.compile(r"(?<![\d.,])(\d{1,3})((?:\.\d{3}){2,})(?:,(\d+))?(?![\d.])")
-_GROUP_DOT_DEC = re.compile(r"(?<![\d.,])(\d{1,3})((?:\.\d{3})+),(\d+)(?![\d.,])")
-_DECIMAL_COMMA = re.compile(r"(?<![\d.,])(\d+),(\d{1,2}|\d{4,})(?![\d.,])")
-_TRAILING_ZEROS = re.compile(r"(?<![\d.])(\d+)\.(\d*?)0+(?![\d])")
+# mark, no trailing zero decimals. Currency and percent signs need no work: the
+# tokenizers of both backends drop them ("$1577" and "12.5%" give 1577 and 12.5).
+# Only numbers with a separator are touched, in one regex pass.
+_SEPARATED_NUMBER = re.compile(r"(?<![\d.,])\d+(?:[.,]\d+)+(?![\d])")
+_US_GROUPED = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?")
+_EU_GROUPED = re.compile(r"\d{1,3}(?:\.\d{3})+(?:,\d+)?")
+_SIMPLE_DECIMAL = re.compile(r"\d+[.,]\d+")
+
+
+def canonical_number(token: str) -> str:
+    """One number with separators -> its canonical form (see above)."""
+    if _US_GROUPED.fullmatch(token):
+        value = token.replace(",", "")
+    elif _EU_GROUPED.fullmatch(token) and (token.count(".") >= 2 or "," in token):
+        value = token.replace(".", "").replace(",", ".")
+    elif _SIMPLE_DECIMAL.fullmatch(token):
+        # "1,577" is a thousands group (three digits after one comma); "12,5" a decimal comma
+        whole, _, frac = token.replace(",", ".").partition(".")
+        value = whole + frac if ("," in token and len(frac) == 3) else f"{whole}.{frac}"
+    else:
+        return token  # dates, versions, section numbers: leave alone
+    if "." in value:
+        value = value.rstrip("0").rstrip(".")
+    return value
 
 
 def normalise_numbers(text: str) -> str:
-    text = _CURRENCY.sub(r"\1 ", text)
-    text = _GROUP_COMMA_DEC.sub(lambda m: m.group(1) + m.group(2).replace(",", "") + m.group(3), text)
-    text = _GROUP_DOT_DEC.sub(lambda m: m.group(1) + m.group(2).replace(".", "") + "." + m.group(3), text)
-    text = _GROUP_DOT.sub(
-        lambda m: m.group(1) + m.group(2).replace(".", "") + ("." + m.group(3) if m.group(3) else ""), text
-    )
-    text = _GROUP_COMMA.sub(lambda m: m.group(1) + m.group(2).replace(",", ""), text)
-    text = _DECIMAL_COMMA.sub(r"\1.\2", text)
-    text = _TRAILING_ZEROS.sub(lambda m: m.group(1) + ("." + m.group(2) if m.group(2) else ""), text)
-    return text.replace("%", " % ")
+    return _SEPARATED_NUMBER.sub(lambda m: canonical_number(m.group(0)), text)
 
 
 def search_text(clean: str) -> str:
@@ -91,12 +100,16 @@ def tokens(text: str) -> list[str]:
     return TOKEN_RE.findall(text.lower())
 
 
+# langdetect's codes that the stop-words package spells differently.
+_STOP_WORD_CODES = {"no": "nb"}
+
+
 @lru_cache(maxsize=None)
 def stop_words(language: str) -> frozenset[str]:
     from stop_words import StopWordError, get_stop_words
 
     try:
-        return frozenset(w.lower() for w in get_stop_words(language))
+        return frozenset(w.lower() for w in get_stop_words(_STOP_WORD_CODES.get(language, language)))
     except StopWordError:
         return frozenset()
 

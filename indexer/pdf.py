@@ -29,10 +29,16 @@ def open_pdf(path: Path) -> pymupdf.Document:
         doc = pymupdf.open(path, filetype="pdf")
     except Exception as exc:  # PyMuPDF raises several types for broken files
         raise PdfError(f"{path.name}: corrupted PDF ({_first_line(exc)})") from None
-    if doc.needs_pass:
+    try:
+        needs_pass = doc.needs_pass
+        page_count = 0 if needs_pass else doc.page_count
+    except Exception as exc:  # a damaged page tree may only show here (truncated files)
+        doc.close()
+        raise PdfError(f"{path.name}: corrupted PDF ({_first_line(exc)})") from None
+    if needs_pass:
         doc.close()
         raise PdfError(f"{path.name}: encrypted PDF (password required)")
-    if doc.page_count == 0:
+    if page_count == 0:
         doc.close()
         raise PdfError(f"{path.name}: PDF has no pages")
     return doc

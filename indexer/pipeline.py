@@ -63,18 +63,33 @@ def index_paths(
     ``on_document(path, pages)`` is called after each file (pages = 0 on failure)."""
     files, failures = find_pdfs(paths)
     summary = IndexSummary(failures=failures)
-    for path in files:
-        try:
-            document = index_pdf(path, backend, detector)
-        except PdfError as exc:
-            summary.failures.append(IndexFailure(str(path), str(exc)))
+    # Two files of one run with the same stem would silently replace each other.
+    indexed_from: dict[str, Path] = {}
+
+    def extracted():
+        # Bad files are recorded and skipped here, so the backend only ever
+        # receives whole documents and the rest of the batch goes on.
+        for path in files:
             pages = 0
-        else:
-            summary.documents += 1
-            summary.pages += document.page_count
-            summary.empty_pages += document.empty_pages
-            summary.doc_ids.append(document.doc_id)
-            pages = document.page_count
-        if on_document:
-            on_document(path, pages)
+            if path.stem in indexed_from:
+                summary.failures.append(IndexFailure(str(path), (
+                    f"{path}: document id {path.stem!r} already indexed from {indexed_from[path.stem]} "
+                    f"in this run (rename one of the files)")))
+            else:
+                try:
+                    document = extract_pages(Path(path), path.stem, detector)
+                except PdfError as exc:
+                    summary.failures.append(IndexFailure(str(path), str(exc)))
+                else:
+                    summary.documents += 1
+                    summary.pages += document.page_count
+                    summary.empty_pages += document.empty_pages
+                    summary.doc_ids.append(document.doc_id)
+                    indexed_from[document.doc_id] = path
+                    pages = document.page_count
+                    yield document
+            if on_document:
+                on_document(path, pages)
+
+    backend.index_documents(extracted())
     return summary

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from evidentia.records import Candidate, Document, DocumentInfo, Page
 
@@ -30,6 +30,12 @@ class SearchBackend(ABC):
     def index_document(self, document: Document) -> None:
         """Store all pages of ``document`` at once, replacing any earlier version
         with the same id. Either every page becomes visible or none does."""
+
+    def index_documents(self, documents: Iterable[Document]) -> None:
+        """Index many documents; each one still all or nothing. Backends may
+        batch writes (one commit for the lot) where that is much faster."""
+        for document in documents:
+            self.index_document(document)
 
     @abstractmethod
     def delete_document(self, doc_id: str) -> bool:

@@ -13,7 +13,7 @@ import json
 import threading
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import tantivy
 from tantivy import Filter, Occur, Query, TextAnalyzerBuilder, Tokenizer
@@ -111,6 +111,31 @@ class TantivyBackend(SearchBackend):
                 time.sleep(0.2)
 
     def index_document(self, document: Document) -> None:
+        self.index_documents([document])
+
+    def index_documents(self, documents: Iterable[Document], commit_every_pages: int = 20_000) -> None:
+        """One writer for the lot; a document's deletion and pages always go into the
+        same commit, so each document appears whole or not at all. Committing once
+        per batch instead of per document saves the fsyncs (about 0.1 s each)."""
+        with self._write_lock:
+            writer = self._writer()
+            try:
+                pending = 0
+                for document in documents:
+                    self._add(writer, document)
+                    pending += document.page_count
+                    if pending >= commit_every_pages:
+                        writer.commit()
+                        pending = 0
+                writer.commit()
+            except BaseException:
+                writer.rollback()
+                raise
+            finally:
+                writer.wait_merging_threads()
+        self._index.reload()
+
+    def _add(self, writer: tantivy.IndexWriter, document: Document) -> None:
         docs = [self._page_doc(p) for p in document.pages]
         meta = {
             "pages": document.page_count,
@@ -118,22 +143,10 @@ class TantivyBackend(SearchBackend):
             "languages": document.languages,
             "source": document.source,
         }
-        with self._write_lock:
-            writer = self._writer()
-            try:
-                writer.delete_documents_by_term("doc_id", document.doc_id)
-                writer.add_document(
-                    tantivy.Document(kind="doc", doc_id=document.doc_id, meta=json.dumps(meta).encode())
-                )
-                for doc in docs:
-                    writer.add_document(doc)
-                writer.commit()  # one commit: all pages and the record appear together
-            except BaseException:
-                writer.rollback()
-                raise
-            finally:
-                writer.wait_merging_threads()
-        self._index.reload()
+        writer.delete_documents_by_term("doc_id", document.doc_id)
+        writer.add_document(tantivy.Document(kind="doc", doc_id=document.doc_id, meta=json.dumps(meta).encode()))
+        for doc in docs:
+            writer.add_document(doc)
 
     def _page_doc(self, page: Page) -> tantivy.Document:
         fields: dict = dict(

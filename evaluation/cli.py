@@ -1,0 +1,152 @@
+"""``evidentia eval``: offline evaluation of retrieval configurations on a queries file.
+
+Only typer is imported at module level: this module is loaded whenever the
+``evidentia`` command starts, and `evidentia --help` must stay fast. The runner,
+scikit-learn and matplotlib are imported when the command runs. Nor is
+``evidentia.cli`` imported here at module level, since it imports this module.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+COMPARE_HELP = ("Comma-separated configurations to compare, each [stage+]reranker[@threshold], "
+                "e.g. 'bm25,classifier@0.15,classifier@0.4'. A bare stage (bm25) means no reranker.")
+
+
+def parse_ks(spec: str) -> list[int]:
+    ks: list[int] = []
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            k = int(part)
+        except ValueError:
+            raise ValueError(f"--k: {part!r} is not an integer") from None
+        if k < 1:
+            raise ValueError(f"--k: {k} is not a positive integer")
+        if k not in ks:
+            ks.append(k)
+    if not ks:
+        raise ValueError("--k names no cut-off (e.g. --k 1,3)")
+    return ks
+
+
+def run_lines(config_runs) -> list[str]:
+    """One JSON line per query and configuration: the ranking exactly as scored, best first."""
+    lines = []
+    for c in config_runs:
+        for run in c.runs:
+            ranking = []
+            for p in run.pages:
+                item = {"doc_id": p.doc_id, "page": p.page, "score": p.score}
+                if p.probability is not None:
+                    item["probability"] = p.probability
+                ranking.append(item)
+            lines.append(json.dumps({"config": c.label, "id": run.query.id, "ranking": ranking}, ensure_ascii=False))
+    return lines
+
+
+def eval_command(
+    queries: Path = typer.Option(..., "--queries", help="Queries JSONL: id, doc_id (or doc_ids), question, answer, "
+                                 "relevant_pages (1-based), optional extra fields such as question_type."),
+    pdf_dir: Optional[Path] = typer.Option(None, "--pdf-dir", help="Folder of <doc_id>.pdf files: the documents of "
+                                           "the queries that are not indexed yet are indexed from it first."),
+    compare: str = typer.Option("bm25", "--compare", help=COMPARE_HELP),
+    k: str = typer.Option("1,3", "--k", help="Cut-offs of P@k and R@k, comma-separated."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (all metrics per configuration and category)."),
+    run_out: Optional[Path] = typer.Option(None, "--run-out", help="Write one JSON line per query and configuration "
+                                           "with the ranking that was scored."),
+    report: Optional[Path] = typer.Option(None, "--report", help="Write PNG plots and a self-contained index.html "
+                                          "into this folder."),
+    pool_size: Optional[int] = typer.Option(None, "--pool-size", help="First-stage candidate pool per query "
+                                            "(default EVIDENTIA_POOL_SIZE, 20)."),
+):
+    """Evaluate configurations against queries with known relevant pages (P@k, R@k, MRR, nDCG, MAP, calibration)."""
+    from evidentia.cli import EXIT_BACKEND, EXIT_BAD_INPUT, Context, fail  # fail() defaults to EXIT_USAGE
+    from evidentia.config import ConfigError
+    from evidentia.evaluation.queries import QueriesFileError, load_queries
+    from evidentia.evaluation.runner import (UnknownDocumentsError, index_missing, missing_documents, parse_compare,
+                                             run_configs, summarize)
+    from evidentia.retriever.base import BackendError, UnknownDocumentError
+
+    try:
+        ks = parse_ks(k)
+    except ValueError as exc:
+        raise fail(str(exc))
+    if pool_size is not None and pool_size <= 0:
+        raise fail("--pool-size must be a positive integer")
+    if pdf_dir is not None and not pdf_dir.is_dir():
+        raise fail(f"--pdf-dir {pdf_dir}: no such folder")
+    try:
+        configs = parse_compare(compare)
+    except ConfigError as exc:
+        raise fail(f"--compare: {exc}")
+    try:
+        items = load_queries(queries)
+    except QueriesFileError as exc:
+        raise fail(str(exc), EXIT_BAD_INPUT)
+
+    ctx = Context()
+    pool = pool_size or ctx.settings.pool_size
+    try:
+        backend = ctx.backend
+        if pdf_dir is not None:
+            summary = index_missing(items, backend, ctx.detector, pdf_dir)
+            if summary is not None:
+                for failure in summary.failures:
+                    typer.echo(f"error: {failure.reason}", err=True)
+                typer.echo(f"indexed from {pdf_dir}: {summary.line()}", err=True)
+        missing = missing_documents(items, backend)
+        if missing:
+            raise fail(str(UnknownDocumentsError(missing, pdf_dir)), EXIT_BAD_INPUT)
+        config_runs = run_configs(items, configs, backend, ctx.detector, ctx.settings, pool_size=pool)
+    except ConfigError as exc:
+        raise fail(str(exc))
+    except UnknownDocumentError as exc:
+        raise fail(f"{exc}; `evidentia docs` lists the indexed ones", EXIT_BAD_INPUT)
+    except BackendError as exc:
+        raise fail(str(exc), EXIT_BACKEND)
+
+    result = summarize(config_runs, items, ks, pool)
+
+    if run_out is not None:
+        try:
+            run_out.parent.mkdir(parents=True, exist_ok=True)
+            run_out.write_text("".join(line + "\n" for line in run_lines(config_runs)), encoding="utf-8")
+        except OSError as exc:
+            raise fail(f"--run-out {run_out}: {exc.strerror or exc}", EXIT_BAD_INPUT)
+    if report is not None:
+        from evidentia.evaluation.report import write_report
+
+        try:
+            index = write_report(report, result, config_runs, source=str(queries))
+        except OSError as exc:
+            raise fail(f"--report {report}: {exc.strerror or exc}", EXIT_BAD_INPUT)
+        typer.echo(f"report written to {index}", err=True)
+
+    if as_json:
+        typer.echo(json.dumps(result, ensure_ascii=False))
+        return
+    typer.echo(format_text(result))
+
+
+def format_text(result: dict) -> str:
+    from evidentia.evaluation import tables
+
+    out = [tables.render_text(tables.main_table(result))]
+    out.extend(tables.notes(result))
+    for name in result["categories"]:
+        out.append("")
+        out.append(tables.render_text(tables.category_table(result, name), title=f"By {name}:"))
+    return "\n".join(out)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(typer.run(eval_command))

@@ -1,0 +1,283 @@
+"""Run evaluation queries through the pipeline, once per configuration.
+
+Each distinct (first stage, reranker) pair is built once and runs every query
+once. A reranker that outputs probabilities is built without a threshold, so it
+returns every pool page with its probability; each configuration's threshold is
+then applied here, and ``classifier@0.15`` and ``classifier@0.4`` share one
+reranking pass. The unfiltered output is kept for the calibration metrics and
+the threshold sweep.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from evidentia.config import ConfigError, Settings
+from evidentia.evaluation import metrics
+from evidentia.evaluation.queries import EvalQuery, category_fields, category_of
+from evidentia.indexer.language import LanguageDetector
+from evidentia.pipeline import Pipeline, PipelineResult
+from evidentia.records import Candidate, RankedPage
+from evidentia.reranker.registry import PipelineConfig, create_reranker, parse_config
+from evidentia.retriever.base import SearchBackend
+
+# Thresholds of the sweep: 0, 0.05, ..., 0.9.
+SWEEP_THRESHOLDS = tuple(round(i * 0.05, 2) for i in range(19))
+NDCG_K = 10
+MAX_LISTED = 10
+
+
+class UnknownDocumentsError(LookupError):
+    """Queries name documents the backend does not hold."""
+
+    def __init__(self, missing: Sequence[str], pdf_dir: Optional[Path] = None):
+        self.missing = list(missing)
+        self.pdf_dir = pdf_dir
+        super().__init__(self.message)
+
+    @property
+    def message(self) -> str:
+        shown = ", ".join(self.missing[:MAX_LISTED])
+        more = len(self.missing) - MAX_LISTED
+        if more > 0:
+            shown += f" and {more} more"
+        n = len(self.missing)
+        head = f"{n} document id(s) named in the queries are not indexed: {shown}"
+        if self.pdf_dir is not None:
+            return f"{head}; {self.pdf_dir} has no <doc_id>.pdf for them (or it failed to index)"
+        return f"{head}; index them with `evidentia index`, or pass --pdf-dir DIR holding <doc_id>.pdf files"
+
+    def __str__(self) -> str:
+        return self.message
+
+
+# --------------------------------------------------------------------------- configurations
+
+
+def parse_compare(spec: str) -> list[PipelineConfig]:
+    """Comma-separated configuration strings; duplicates (same label) are dropped."""
+    configs: dict[str, PipelineConfig] = {}
+    for part in spec.split(","):
+        if not part.strip():
+            continue
+        config = parse_config(part)
+        configs.setdefault(config.label, config)
+    if not configs:
+        raise ConfigError("--compare names no configuration (e.g. --compare bm25)")
+    return list(configs.values())
+
+
+# --------------------------------------------------------------------------- documents
+
+
+def all_doc_ids(queries: Sequence[EvalQuery]) -> list[str]:
+    return list(dict.fromkeys(d for q in queries for d in q.doc_ids))
+
+
+def missing_documents(queries: Sequence[EvalQuery], backend: SearchBackend) -> list[str]:
+    indexed = {d.doc_id for d in backend.list_documents()}
+    return sorted(d for d in all_doc_ids(queries) if d not in indexed)
+
+
+def index_missing(queries: Sequence[EvalQuery], backend: SearchBackend, detector: LanguageDetector,
+                  pdf_dir: Path, progress: bool = True):
+    """Index the PDFs of ``pdf_dir`` (searched recursively) whose stem is a doc id of
+    the queries that the backend does not hold yet. Returns the IndexSummary, or
+    None when nothing needed indexing."""
+    from tqdm import tqdm
+
+    from evidentia.indexer.pipeline import find_pdfs, index_paths
+
+    missing = set(missing_documents(queries, backend))
+    if not missing:
+        return None
+    files, _ = find_pdfs([pdf_dir])
+    chosen: dict[str, Path] = {}
+    for path in files:
+        if path.stem in missing:
+            chosen.setdefault(path.stem, path)
+    if not chosen:
+        return None
+    with tqdm(total=len(chosen), unit="doc", desc="indexing", file=sys.stderr,
+              disable=None if progress else True) as bar:
+        pages_done = 0
+
+        def on_document(path: Path, pages: int) -> None:
+            nonlocal pages_done
+            pages_done += pages
+            bar.set_postfix_str(f"{pages_done} pages", refresh=False)
+            bar.update(1)
+
+        return index_paths(list(chosen.values()), backend, detector, on_document=on_document)
+
+
+# --------------------------------------------------------------------------- runs
+
+
+def apply_threshold(pages: Sequence[RankedPage], threshold: Optional[float], fallback: bool = False) -> list[RankedPage]:
+    """Keep pages whose probability is >= ``threshold``, in the reranker's order.
+    A fallback result (first-stage order, no probabilities) is kept whole."""
+    if threshold is None or fallback:
+        return list(pages)
+    return [p for p in pages if p.probability is not None and p.probability >= threshold]
+
+
+@dataclass
+class QueryRun:
+    """One query through one configuration (implements ``metrics.Outcome``)."""
+
+    query: EvalQuery
+    candidates: list[Candidate]  # the first-stage pool, best first
+    pages: list[RankedPage]  # the configuration's final ranking, best first
+    unfiltered: Optional[list[RankedPage]]  # probability rerankers: every page scored, before the threshold
+    fallback_reason: Optional[str] = None
+
+    @property
+    def relevant(self) -> frozenset[tuple[str, int]]:
+        return self.query.relevant
+
+    @property
+    def pool(self) -> list[tuple[str, int]]:
+        return [(c.doc_id, c.page) for c in self.candidates]
+
+    @property
+    def ranking(self) -> list[tuple[str, int]]:
+        return [(p.doc_id, p.page) for p in self.pages]
+
+    @property
+    def calibration(self) -> Optional[list[tuple[float, int]]]:
+        if self.unfiltered is None:
+            return None
+        rel = self.query.relevant
+        return [(p.probability, int((p.doc_id, p.page) in rel)) for p in self.unfiltered if p.probability is not None]
+
+    @property
+    def fallback(self) -> bool:
+        return self.fallback_reason is not None
+
+
+@dataclass
+class ConfigRun:
+    config: PipelineConfig
+    probabilistic: bool  # the reranker outputs calibrated probabilities
+    runs: list[QueryRun]
+
+    @property
+    def label(self) -> str:
+        return self.config.label
+
+    @property
+    def pass_key(self) -> tuple[str, str]:
+        return (self.config.stage, self.config.reranker)
+
+
+def run_configs(queries: Sequence[EvalQuery], configs: Sequence[PipelineConfig], backend: SearchBackend,
+                detector: LanguageDetector, settings: Settings, pool_size: Optional[int] = None,
+                progress: bool = True,
+                reranker_factory: Callable = create_reranker) -> list[ConfigRun]:
+    """Every query through every configuration; one reranking pass per (stage, reranker)."""
+    from tqdm import tqdm
+
+    pool_size = pool_size or settings.pool_size
+    # Build every reranker and check every threshold before the first (long) pass.
+    rerankers: dict[tuple[str, str], object] = {}
+    for config in configs:
+        key = (config.stage, config.reranker)
+        if key not in rerankers:
+            rerankers[key] = reranker_factory(config.reranker, settings, threshold=None)
+        if config.threshold is not None and not getattr(rerankers[key], "outputs_probabilities", False):
+            raise ConfigError(f"{config.label!r}: reranker {config.reranker!r} does not output "
+                              "probabilities, so it takes no threshold")
+    passes: dict[tuple[str, str], tuple[bool, list[PipelineResult]]] = {}
+    results: list[ConfigRun] = []
+    for config in configs:
+        key = (config.stage, config.reranker)
+        if key not in passes:
+            reranker = rerankers[key]
+            probabilistic = bool(getattr(reranker, "outputs_probabilities", False))
+            pipeline = Pipeline(backend=backend, detector=detector, reranker=reranker, pool_size=pool_size)
+            desc = PipelineConfig(stage=config.stage, reranker=config.reranker).label
+            outputs = [
+                pipeline.run(q.question, q.answer, q.doc_ids)
+                for q in tqdm(queries, desc=desc, unit="query", file=sys.stderr, disable=None if progress else True)
+            ]
+            passes[key] = (probabilistic, outputs)
+        probabilistic, outputs = passes[key]
+        runs = []
+        for q, out in zip(queries, outputs):
+            fallback = out.fallback_reason is not None
+            runs.append(QueryRun(
+                query=q,
+                candidates=list(out.candidates),
+                pages=apply_threshold(out.pages, config.threshold, fallback),
+                unfiltered=list(out.pages) if probabilistic else None,
+                fallback_reason=out.fallback_reason,
+            ))
+        results.append(ConfigRun(config=config, probabilistic=probabilistic, runs=runs))
+    return results
+
+
+# --------------------------------------------------------------------------- summaries
+
+
+def threshold_sweep(config_run: ConfigRun, thresholds: Sequence[float] = SWEEP_THRESHOLDS, k: int = 3) -> list[dict]:
+    """P@k, R@k and pages per query for each threshold, from the unfiltered probabilities."""
+    rows = []
+    for t in thresholds:
+        p, r, n = [], [], []
+        for run in config_run.runs:
+            ranking = [(x.doc_id, x.page) for x in apply_threshold(run.unfiltered or [], t, run.fallback)]
+            p.append(metrics.precision_at_k(ranking, run.relevant, k))
+            r.append(metrics.recall_at_k(ranking, run.relevant, k))
+            n.append(len(ranking))
+        rows.append({"threshold": t, f"P@{k}": metrics.mean_of(p), f"R@{k}": metrics.mean_of(r),
+                     "pages_per_query": metrics.mean_of(n)})
+    return rows
+
+
+def reliability(config_run: ConfigRun, n_bins: int = 10) -> list[metrics.ReliabilityBin]:
+    pairs = [pair for run in config_run.runs for pair in (run.calibration or ())]
+    return metrics.reliability_bins([p for p, _ in pairs], [y for _, y in pairs], n_bins)
+
+
+def summarize(config_runs: Sequence[ConfigRun], queries: Sequence[EvalQuery], ks: Sequence[int],
+              pool_size: int) -> dict:
+    """Everything `evidentia eval --json` prints: metrics per configuration, per
+    category value and configuration, and threshold sweeps of probability rerankers."""
+    def agg(runs, probabilistic, ks_=ks):
+        return metrics.aggregate(runs, ks=ks_, pool_k=pool_size, ndcg_k=NDCG_K, probabilistic=probabilistic)
+
+    summary: dict = {
+        "queries": len(queries),
+        "pool_size": pool_size,
+        "k": list(ks),
+        "configs": {c.label: {"stage": c.config.stage, "reranker": c.config.reranker,
+                              "threshold": c.config.threshold, "probabilistic": c.probabilistic,
+                              **agg(c.runs, c.probabilistic)} for c in config_runs},
+        "metrics": metrics.metric_names(ks, pool_size, NDCG_K),
+        "categories": {},
+        "threshold_sweeps": {},
+    }
+    for name, values in category_fields(list(queries)).items():
+        table: dict = {}
+        for value in values:
+            table[value] = {}
+            for c in config_runs:
+                subset = [r for r in c.runs if category_of(r.query, name) == value]
+                table[value][c.label] = agg(subset, c.probabilistic)
+        summary["categories"][name] = table
+    seen: set[tuple[str, str]] = set()
+    for c in config_runs:
+        if c.probabilistic and c.pass_key not in seen:
+            seen.add(c.pass_key)
+            summary["threshold_sweeps"][pass_label(c)] = threshold_sweep(c)
+    return summary
+
+
+def pass_label(config_run: ConfigRun) -> str:
+    """The label of a reranking pass, without threshold (shared by its configurations)."""
+    c = config_run.config
+    return PipelineConfig(stage=c.stage, reranker=c.reranker, threshold=None).label

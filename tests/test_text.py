@@ -1,0 +1,199 @@
+"""Text normalisation shared by indexing and querying, and query building."""
+
+from __future__ import annotations
+
+import pytest
+
+from evidentia.retriever.query import build_query
+from evidentia.text import LANGUAGES, clean_text, keywords, normalise_numbers, search_text, stop_words, tokens
+
+
+def number_tokens(text: str) -> list[str]:
+    """What BM25 sees of a figure, on either side of the match."""
+    return tokens(normalise_numbers(text))
+
+
+# --- clean_text ------------------------------------------------------------------
+
+
+def test_clean_text_rejoins_words_hyphenated_at_line_end():
+    assert clean_text("total emis-\nsions of green-\nhouse gas") == "total emissions of greenhouse gas"
+
+
+def test_clean_text_keeps_real_hyphens():
+    assert clean_text("a science-based target\nand well- known") == "a science-based target\nand well- known"
+
+
+def test_clean_text_collapses_blanks_and_keeps_paragraphs():
+    raw = "  Scope 1 \t  emissions  \n   fell   \n\n\n\n  Scope   2\n \n"
+    assert clean_text(raw) == "Scope 1 emissions\nfell\n\nScope 2"
+
+
+def test_clean_text_nfkc_ligatures_and_width():
+    assert clean_text("the ﬁnal eﬀort, ﬂows and ｆｕｌｌ－ｗｉｄｔｈ １２３") == "the final effort, flows and full-width 123"
+
+
+def test_clean_text_joins_typographic_digit_groups():
+    # French typesetting: narrow no-break / no-break / thin spaces between groups
+    assert clean_text("1\u202f577\u00a0373 tonnes") == "1577373 tonnes"
+    assert clean_text("12\u2009450 t") == "12450 t"
+    # not a group of three digits: the no-break space becomes an ordinary space
+    assert clean_text("en 2023\u00a012 sites") == "en 2023 12 sites"
+    assert clean_text("Scope\u00a01") == "Scope 1"
+
+
+def test_clean_text_removes_control_characters():
+    assert clean_text("CO\x002 e\x07mis\ufffdsions\x7f") == "CO 2 e mis sions"
+
+
+def test_clean_text_empty_and_idempotent():
+    assert clean_text("") == ""
+    assert clean_text(" \n\t\n ") == ""
+    raw = "Intro-\nduction\u00a0: 1\u202f000 t\n\n\nﬁn  "
+    once = clean_text(raw)
+    assert once == "Introduction : 1000 t\n\nfin"
+    assert clean_text(once) == once
+
+
+# --- normalise_numbers: the same token on both sides ------------------------------
+
+
+@pytest.mark.parametrize(
+    "answer, document, token",
+    [
+        ("$1577.00", "1,577", "1577"),
+        ("$1,577.00", "USD 1577", "1577"),
+        ("12.5%", "12.5 %", "12.5"),
+        ("12.5%", "12,5 %", "12.5"),  # French decimal comma
+        ("12,5%", "12.50 %", "12.5"),
+        ("1,577,000.50", "1.577.000,50", "1577000.5"),  # German grouping
+        ("1577.5", "€1.577,50", "1577.5"),
+        ("12450 tCO2e", "12,450 tonnes", "12450"),
+        ("100,000.00", "100000", "100000"),
+        ("20.0%", "20 %", "20"),
+        ("0.50", "0.5", "0.5"),
+    ],
+)
+def test_numbers_match_across_notations(answer, document, token):
+    a, d = number_tokens(answer), number_tokens(document)
+    assert token in a and token in d
+    assert [t for t in a if t[0].isdigit()] == [t for t in d if t[0].isdigit()] == [token]
+
+
+@pytest.mark.parametrize(
+    "text, token",
+    [
+        ("revenue was $1,577.00, up 4 %", "1577"),
+        ("revenue was $1,577.00.", "1577"),
+        ("emissions fell to 12,450.5, down", "12450.5"),
+        ("the total was 1,577, the year before", "1577"),
+        ("Umsatz: 1.577.000,50.", "1577000.5"),
+        ("Umsatz: 1.577,50, davon", "1577.5"),
+        ("un taux de 12,5.", "12.5"),
+        ("un taux de 12,5, en hausse", "12.5"),
+    ],
+)
+def test_numbers_followed_by_sentence_punctuation(text, token):
+    assert [t for t in number_tokens(text) if t[0].isdigit()][0] == token
+
+
+def test_currency_and_percent_signs_do_not_stick_to_numbers():
+    assert number_tokens("$1577") == ["1577"]
+    assert number_tokens("€12,50") == ["12.5"]
+    assert number_tokens("£1,577.00") == ["1577"]
+    assert number_tokens("12.5%") == ["12.5"]
+    assert number_tokens("(12,5 %)") == ["12.5"]
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("2023", ["2023"]),
+        ("in 2022 and 2023", ["in", "2022", "and", "2023"]),
+        ("2022, 2023", ["2022", "2023"]),
+        ("100 sites", ["100", "sites"]),
+        ("0.8 per million", ["0.8", "per", "million"]),
+        ("3.14159", ["3.14159"]),
+        ("page 12, 13 and 14", ["page", "12", "13", "and", "14"]),
+        ("ISO 50001", ["iso", "50001"]),
+        ("1,5", ["1.5"]),
+        ("12.05", ["12.05"]),
+    ],
+)
+def test_normalise_numbers_keeps_years_and_ordinary_numbers(text, expected):
+    assert number_tokens(text) == expected
+
+
+def test_trailing_zeros_removed_but_not_integer_zeros():
+    assert number_tokens("12.50 and 3.0 and 10.00 and 2020 and 100") == ["12.5", "and", "3", "and", "10", "and",
+                                                                          "2020", "and", "100"]
+
+
+def test_search_text_is_number_normalised():
+    assert tokens(search_text("12,450 tonnes, 12.5 %")) == ["12450", "tonnes", "12.5"]
+
+
+# --- keywords -----------------------------------------------------------------------
+
+
+def test_keywords_drop_english_stop_words_and_keep_order():
+    assert keywords("What were the total emissions of the company in 2023?", "en") == [
+        "total", "emissions", "company", "2023"]
+
+
+def test_keywords_drop_detected_language_stop_words():
+    question = "Quelles étaient les émissions de gaz à effet de serre du groupe en 2023 ?"
+    french = keywords(question, "fr")
+    assert french == ["émissions", "gaz", "effet", "serre", "groupe", "2023"]
+    # without the language only the English list applies: French function words stay
+    neutral = keywords(question, None)
+    assert {"les", "du", "quelles"} <= set(neutral)
+
+
+def test_keywords_always_drop_english_stop_words():
+    kw = keywords("What was der Anteil erneuerbarer Energien in the year?", "de")
+    assert kw == ["anteil", "erneuerbarer", "energien"]
+
+
+def test_keywords_dedupe_case_insensitively():
+    assert keywords("Emissions emissions EMISSIONS of the Emissions; 2023, 2023", "en") == ["emissions", "2023"]
+
+
+def test_keywords_normalise_numbers_and_keep_single_digits():
+    assert keywords("Scope 1 and 2: $1,577.00, 12.5% x y", "en") == ["scope", "1", "2", "1577", "12.5"]
+
+
+def test_keywords_unknown_language_does_not_crash():
+    assert keywords("emissions totales", "zz") == ["emissions", "totales"]
+    assert keywords("", "en") == []
+
+
+@pytest.mark.parametrize("language", sorted(LANGUAGES))
+def test_every_supported_language_has_stop_words(language):
+    words = stop_words(language)
+    assert len(words) > 50, f"no stop-word list for {language!r}: its function words would be searched"
+
+
+# --- query building ------------------------------------------------------------------
+
+
+def test_build_query_english(detector):
+    q = build_query("What were the company's Scope 1 and 2 greenhouse gas emissions in 2023?",
+                    "12,450 tCO2e, down 12.5% on 2022.", detector)
+    assert q.language == "en"
+    assert q.keywords == ("company", "scope", "1", "2", "greenhouse", "gas", "emissions", "2023",
+                          "12450", "tco2e", "12.5", "2022")
+
+
+def test_build_query_french_removes_french_stop_words(detector):
+    q = build_query("Quelle proportion des fournisseurs a été auditée sur les droits humains en 2023 ?",
+                    "87 % des fournisseurs", detector)
+    assert q.language == "fr"
+    assert q.keywords == ("proportion", "fournisseurs", "auditée", "droits", "humains", "2023", "87")
+
+
+def test_build_query_without_detector_or_answer():
+    q = build_query("  Total water withdrawal in 2023? ", "")
+    assert q.language is None
+    assert q.text == "Total water withdrawal in 2023?"
+    assert q.keywords == ("total", "water", "withdrawal", "2023")
