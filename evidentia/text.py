@@ -30,7 +30,9 @@ LANGUAGES: dict[str, str] = {
 TOKEN_RE = re.compile(r"\d+(?:\.\d+)?|[^\W_]+")
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ufffd]")
-_HYPHEN_BREAK = re.compile(r"(\w)-\n(\w)")
+# A word broken across lines ("emis-\nsions") is re-joined, except before a
+# conjunction, where the hyphen is a suspended compound ("Wind-\nund Solarenergie").
+_HYPHEN_BREAK = re.compile(r"(\w)-\n(?!(?:und|oder|bzw|and|or|et|ou|y|o|e|en|of)\b)(\w)")
 _SPACES = re.compile(r"[ \t\u00a0\u2000-\u200b\u202f\u205f\u3000]+")
 _BLANK_LINES = re.compile(r"\n\s*\n+")
 

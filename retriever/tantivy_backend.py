@@ -28,7 +28,7 @@ TOKEN_PATTERN = r"\p{N}+(?:\.\p{N}+)?|[\p{L}\p{N}]+"
 NEUTRAL_FIELD = "body"
 # Bumped whenever the schema or the analysis changes; an index of another
 # version is refused with a message instead of being silently misread.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 def _lang_field(lang: str) -> str:

@@ -1,0 +1,144 @@
+"""A tiny scripted OpenAI-compatible server for tests: real HTTP on 127.0.0.1.
+
+    with FakeOpenAI() as server:
+        server.push(429, {"error": {"message": "slow down"}})
+        server.push_answer('{"re-ranked_page_numbers": [2, 1]}')
+        reranker = LLMReranker(base_url=server.base_url, api_key="test", ...)
+
+Each POST to ``/v1/chat/completions`` takes the next scripted response; when the
+queue is empty, ``handler`` (a callable that sees the request JSON) answers, and
+without one the server answers 500.  A scripted response is ``(status, body)``
+(body: dict -> JSON, str -> sent as is), or a callable returning one of those, a
+plain string (the assistant's message content, status 200), or a dict (a JSON
+body, status 200).  Every request body is recorded in ``requests``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import deque
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable
+
+Response = Any  # (status, body) | str | dict | Callable[[dict], ...]
+
+
+def completion(content: str | None, model: str = "fake-model") -> dict:
+    """A chat-completion body whose assistant message is ``content``."""
+    return {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion",
+        "created": 0,
+        "model": model,
+        "choices": [{"index": 0, "finish_reason": "stop",
+                     "message": {"role": "assistant", "content": content}}],
+        "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+    }
+
+
+def error(status: int, message: str = "error") -> tuple[int, dict]:
+    return status, {"error": {"message": message, "type": "fake_error", "code": None}}
+
+
+class FakeOpenAI:
+    def __init__(self, handler: Callable[[dict], Response] | None = None) -> None:
+        self.requests: list[dict] = []
+        self.handler = handler
+        self.delay_s = 0.0  # sleep before answering (to provoke client timeouts)
+        self._script: deque = deque()
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._make_handler())
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    # -------------------------------------------------------------- scripting
+
+    def push(self, status: int, body: dict | str) -> "FakeOpenAI":
+        self._script.append((status, body))
+        return self
+
+    def push_answer(self, content: str | None) -> "FakeOpenAI":
+        return self.push(200, completion(content))
+
+    def push_callable(self, fn: Callable[[dict], Response]) -> "FakeOpenAI":
+        self._script.append(fn)
+        return self
+
+    # -------------------------------------------------------------- lifecycle
+
+    @property
+    def port(self) -> int:
+        return self._server.server_address[1]
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self) -> "FakeOpenAI":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> "FakeOpenAI":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -------------------------------------------------------------- serving
+
+    def _respond(self, request: dict) -> tuple[int, dict | str]:
+        with self._lock:
+            self.requests.append(request)
+            item = self._script.popleft() if self._script else self.handler
+        if item is None:
+            return error(500, "fake server: no scripted response left")
+        if callable(item):
+            item = item(request)
+        if isinstance(item, str) or item is None:
+            return 200, completion(item)
+        if isinstance(item, dict):
+            return 200, item
+        return item
+
+    def _make_handler(self):
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:  # keep test output quiet
+                pass
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length)
+                if self.path.rstrip("/") != "/v1/chat/completions":
+                    self._send(*error(404, f"no route {self.path}"))
+                    return
+                try:
+                    request = json.loads(raw)
+                except ValueError:
+                    self._send(*error(400, "request body is not JSON"))
+                    return
+                status, body = fake._respond(request)
+                if fake.delay_s:
+                    time.sleep(fake.delay_s)
+                self._send(status, body)
+
+            def _send(self, status: int, body: dict | str) -> None:
+                data = (json.dumps(body) if isinstance(body, dict) else body).encode("utf-8")
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout)
+                    pass
+
+        return Handler
