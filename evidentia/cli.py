@@ -99,11 +99,15 @@ def search(
     question: str = typer.Option(..., "--question", "-q"),
     answer: str = typer.Option("", "--answer", "-a"),
     top_k: Optional[int] = typer.Option(None, "--top-k", help="Candidate pool size (default EVIDENTIA_POOL_SIZE, 20)."),
+    reranker: str = typer.Option("none", "--reranker", help="none, llm or classifier."),
+    threshold: Optional[float] = typer.Option(None, "--threshold", help="Drop pages whose relevance probability is "
+                                              "below T (classifier; default EVIDENTIA_CLASSIFIER_THRESHOLD, 0.15)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ):
     """Rank the pages of the given documents for a question and its answer."""
+    from evidentia.pipeline import Pipeline
+    from evidentia.reranker.registry import create_reranker
     from evidentia.retriever.base import BackendError, UnknownDocumentError
-    from evidentia.retriever.query import build_query
 
     ctx = Context()
     if not question.strip():
@@ -111,23 +115,34 @@ def search(
     k = top_k if top_k is not None else ctx.settings.pool_size
     if k <= 0:
         raise fail("--top-k must be a positive integer")
-    query = build_query(question, answer, ctx.detector)
+    if threshold is not None and not 0.0 <= threshold <= 1.0:
+        raise fail("--threshold must be between 0 and 1")
+    if reranker == "classifier" and threshold is None:
+        threshold = ctx.settings.classifier_threshold
     try:
-        candidates = ctx.backend.search(query.keywords, doc, k)
+        pipeline = Pipeline(ctx.backend, ctx.detector, create_reranker(reranker, ctx.settings, threshold), pool_size=k)
+        result = pipeline.run(question, answer, doc)
+    except ConfigError as exc:
+        raise fail(str(exc))
     except UnknownDocumentError as exc:
         raise fail(f"{exc}; `evidentia docs` lists the indexed ones", EXIT_BAD_INPUT)
     except BackendError as exc:
         raise fail(str(exc), EXIT_BACKEND)
+    if result.fallback_reason:
+        typer.echo(f"warning: {result.fallback_reason}", err=True)
     if as_json:
         typer.echo(json.dumps({"pages": [
-            {"doc_id": c.doc_id, "page": c.page, "score": round(c.score, 6), "snippet": c.snippet}
-            for c in candidates
-        ]}, ensure_ascii=False))
+            {"doc_id": p.doc_id, "page": p.page, "score": round(p.score, 6),
+             **({"probability": round(p.probability, 6)} if p.probability is not None else {}),
+             "snippet": p.snippet}
+            for p in result.pages
+        ], "reranker": result.reranker, "fallback_reason": result.fallback_reason}, ensure_ascii=False))
         return
-    if not candidates:
+    if not result.pages:
         typer.echo("no matching page")
-    for rank, c in enumerate(candidates, 1):
-        typer.echo(f"{rank:>3}. {c.doc_id}  p.{c.page:<4} score {c.score:7.3f}  {c.snippet[:160]}")
+    for rank, p in enumerate(result.pages, 1):
+        prob = f" p={p.probability:.2f}" if p.probability is not None else ""
+        typer.echo(f"{rank:>3}. {p.doc_id}  p.{p.page:<4} score {p.score:7.3f}{prob}  {p.snippet[:160]}")
 
 
 @app.command()
@@ -184,6 +199,11 @@ def main() -> None:
 from evidentia.evaluation.cli import eval_command  # noqa: E402
 
 app.command("eval")(eval_command)
+
+from evidentia.training.cli import dataset_command, train_command  # noqa: E402
+
+app.command("dataset")(dataset_command)
+app.command("train")(train_command)
 
 
 if __name__ == "__main__":

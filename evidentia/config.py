@@ -44,8 +44,8 @@ class Settings:
     classifier_model: str | None = None
     classifier_threshold: float = 0.15
     classifier_batch_size: int = 16
-    classifier_max_length: int = 256
-    classifier_window_stride: int = 128
+    classifier_max_length: int | None = None  # None: as trained
+    classifier_window_overlap: int | None = None  # None: as trained
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -73,9 +73,9 @@ class Settings:
             classifier_model=env.get("EVIDENTIA_CLASSIFIER_MODEL") or None,
             classifier_threshold=_probability(env, "EVIDENTIA_CLASSIFIER_THRESHOLD", defaults.classifier_threshold),
             classifier_batch_size=_positive_int(env, "EVIDENTIA_CLASSIFIER_BATCH_SIZE", defaults.classifier_batch_size),
-            classifier_max_length=_positive_int(env, "EVIDENTIA_CLASSIFIER_MAX_LENGTH", defaults.classifier_max_length),
-            classifier_window_stride=_positive_int(env, "EVIDENTIA_CLASSIFIER_WINDOW_STRIDE",
-                                                   defaults.classifier_window_stride),
+            classifier_max_length=_positive_int(env, "EVIDENTIA_CLASSIFIER_MAX_LENGTH", 0) or None,
+            classifier_window_overlap=(_non_negative_int(env, "EVIDENTIA_CLASSIFIER_WINDOW_OVERLAP", -1)
+                                       if env.get("EVIDENTIA_CLASSIFIER_WINDOW_OVERLAP") else None),
         )
 
     def with_(self, **changes) -> "Settings":

@@ -20,8 +20,27 @@ def _none(settings: Settings, threshold: float | None) -> Reranker:
     return NoReranker()
 
 
+def _llm(settings: Settings, threshold: float | None) -> Reranker:
+    from evidentia.reranker.llm import LLMReranker
+
+    return LLMReranker.from_settings(settings)
+
+
+def _classifier(settings: Settings, threshold: float | None) -> Reranker:
+    from evidentia.reranker.classifier import ClassifierReranker
+    from evidentia.reranker.classifier_model import ModelLoadError
+
+    try:
+        return ClassifierReranker.from_settings(settings, threshold)
+    except ModelLoadError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+# Imports happen inside the factories: torch and openai load only when used.
 _FACTORIES: dict[str, Callable[[Settings, float | None], Reranker]] = {
     "none": _none,
+    "llm": _llm,
+    "classifier": _classifier,
 }
 
 

@@ -1,0 +1,68 @@
+"""Supervised reranker: a sequence-classification model (LoRA-tuned) scores each
+candidate page; its calibrated probability ranks the pages and a threshold t
+drops the weak ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from evidentia.config import Settings
+from evidentia.records import Candidate, RankedPage
+from evidentia.reranker.base import Reranker, RerankResult
+from evidentia.reranker.classifier_model import (
+    SHIPPED_MODEL_DIR,
+    InputFormat,
+    load_trained,
+    score_margins,
+)
+
+
+class ClassifierReranker(Reranker):
+    name = "classifier"
+    outputs_probabilities = True
+
+    def __init__(self, model_dir: str | Path | None = None, threshold: float | None = None,
+                 batch_size: int = 16, max_length: int | None = None, window_overlap: int | None = None,
+                 device: str | None = None) -> None:
+        """``model_dir``: a directory written by `evidentia train` (default: the
+        shipped CPU model). ``threshold`` None keeps every page (with its probability)."""
+        self.model_dir = Path(model_dir) if model_dir else SHIPPED_MODEL_DIR
+        self.threshold = threshold
+        self.batch_size = batch_size
+        self.model, self.tokenizer, self.metadata = load_trained(self.model_dir, device=device)
+        trained = self.metadata.input_format
+        # Windows may be made longer or shorter than in training (a larger GPU,
+        # a faster CPU run); the default is what the model was trained with.
+        self.input_format = InputFormat(
+            max_length=max_length or trained.max_length,
+            window_overlap=trained.window_overlap if window_overlap is None else window_overlap,
+            max_windows=trained.max_windows,
+        )
+
+    @classmethod
+    def from_settings(cls, settings: Settings, threshold: float | None = None) -> "ClassifierReranker":
+        return cls(
+            model_dir=settings.classifier_model,
+            threshold=threshold,
+            batch_size=settings.classifier_batch_size,
+            max_length=settings.classifier_max_length,
+            window_overlap=settings.classifier_window_overlap,
+        )
+
+    def probabilities(self, question: str, answer: str, texts: Sequence[str]) -> list[float]:
+        margins = score_margins(self.model, self.tokenizer, [(question, answer, t) for t in texts],
+                                self.input_format, self.batch_size)
+        return [self.metadata.calibration.probability(m) for m in margins]
+
+    def rerank(self, question: str, answer: str, candidates: Sequence[Candidate]) -> RerankResult:
+        if not candidates:
+            return RerankResult(pages=[])
+        probs = self.probabilities(question, answer, [c.text for c in candidates])
+        ranked = sorted(zip(candidates, probs), key=lambda cp: (-cp[1], -cp[0].score, cp[0].doc_id, cp[0].page))
+        pages = [
+            RankedPage(doc_id=c.doc_id, page=c.page, score=p, probability=p, snippet=c.snippet, text=c.text)
+            for c, p in ranked
+            if self.threshold is None or p >= self.threshold
+        ]
+        return RerankResult(pages=pages, info={"model": str(self.model_dir), "scored": len(candidates)})

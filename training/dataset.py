@@ -1,0 +1,174 @@
+"""Training records for the classifier reranker.
+
+A record is ``{"question", "answer", "page_text", "relevance": 0|1, "doc_id", "page"}``.
+Sources:
+- labelled queries (the evaluation format): relevant pages are positives, BM25
+  candidates of the same document that are not relevant are hard negatives;
+- ClimRetrieve passages (``passages.jsonl``): the expert-marked passage (with its
+  surrounding context, which reads like a page) is a positive; passages marked
+  for *other* questions of the same report are negatives, unless they were also
+  marked for this one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence
+
+from evidentia.indexer.language import LanguageDetector
+from evidentia.retriever.base import SearchBackend
+from evidentia.retriever.query import build_query
+
+
+@dataclass(frozen=True)
+class TrainingRecord:
+    question: str
+    answer: str
+    page_text: str
+    relevance: int
+    doc_id: str
+    page: int | None
+    source: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), ensure_ascii=False)
+
+
+class DatasetError(ValueError):
+    """A training file that cannot be used; says which line and why."""
+
+
+def records_from_queries(queries: Iterable, backend: SearchBackend, detector: LanguageDetector,
+                         negatives_per_query: int = 8, pool_size: int = 20) -> Iterator[TrainingRecord]:
+    """``queries``: evaluation.queries.EvalQuery objects (id, doc_ids, question, answer, relevant)."""
+    for q in queries:
+        for doc_id, page in sorted(q.relevant):
+            p = backend.get_page(doc_id, page)
+            if p is not None and p.text:
+                yield TrainingRecord(q.question, q.answer, p.text, 1, doc_id, page, "queries")
+        keywords = build_query(q.question, q.answer, detector).keywords
+        taken = 0
+        for c in backend.search(keywords, q.doc_ids, pool_size):
+            if taken >= negatives_per_query:
+                break
+            if (c.doc_id, c.page) in q.relevant or not c.text:
+                continue
+            yield TrainingRecord(q.question, q.answer, c.text, 0, c.doc_id, c.page, "queries")
+            taken += 1
+
+
+def records_from_climretrieve(passages_file: Path, negatives_per_positive: int = 2,
+                              min_relevance: int = 1, seed: int = 0) -> Iterator[TrainingRecord]:
+    rows = []
+    with open(passages_file, encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise DatasetError(f"{passages_file}, line {n}: invalid JSON ({exc.msg})") from None
+    rng = random.Random(seed)
+
+    def page_text(row) -> str:
+        context = row.get("context")
+        if isinstance(context, str) and context.strip() and context.strip().lower() != "nan":
+            return context.strip()
+        return str(row.get("relevant_text") or "").strip()
+
+    def page_no(row) -> int | None:
+        try:
+            return int(row.get("printed_page"))
+        except (TypeError, ValueError):
+            return None
+
+    by_report: dict[str, list[dict]] = defaultdict(list)
+    for row in rows:
+        by_report[row["report"]].append(row)
+    for report, report_rows in sorted(by_report.items()):
+        marked: dict[str, set[str]] = defaultdict(set)  # question -> texts marked for it
+        for row in report_rows:
+            marked[row["question"]].add(str(row.get("relevant_text") or ""))
+        for row in report_rows:
+            relevance = row.get("relevance")
+            if relevance is None or int(relevance) < min_relevance:
+                continue
+            text = page_text(row)
+            if not text:
+                continue
+            answer = str(row.get("answer") or "")
+            yield TrainingRecord(row["question"], answer, text, 1, report, page_no(row), "climretrieve")
+            others = [o for o in report_rows
+                      if o["question"] != row["question"] and str(o.get("relevant_text") or "") not in marked[row["question"]]
+                      and page_text(o)]
+            for other in rng.sample(others, min(negatives_per_positive, len(others))):
+                yield TrainingRecord(row["question"], answer, page_text(other), 0, report, page_no(other), "climretrieve")
+
+
+def dedupe(records: Iterable[TrainingRecord]) -> list[TrainingRecord]:
+    """One record per (question, answer, page text); a positive wins over a negative."""
+    best: dict[tuple, TrainingRecord] = {}
+    for r in records:
+        key = (r.question, r.answer, r.page_text)
+        if key not in best or r.relevance > best[key].relevance:
+            best[key] = r
+    return list(best.values())
+
+
+def write_records(records: Sequence[TrainingRecord], path: Path) -> str:
+    """Write JSONL; return the SHA-256 of what was written."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = "".join(r.to_json() + "\n" for r in records)
+    path.write_text(data, encoding="utf-8")
+    return hashlib.sha256(data.encode("utf-8")).hexdigest()
+
+
+REQUIRED = {"question": str, "answer": str, "page_text": str, "relevance": int}
+
+
+def read_records(path: Path) -> list[TrainingRecord]:
+    out = []
+    with open(path, encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DatasetError(f"{path}, line {n}: invalid JSON ({exc.msg})") from None
+            if not isinstance(obj, dict):
+                raise DatasetError(f"{path}, line {n}: expected a JSON object")
+            for key, typ in REQUIRED.items():
+                if key not in obj:
+                    raise DatasetError(f"{path}, line {n}: missing field {key!r}")
+                if not isinstance(obj[key], typ) or isinstance(obj[key], bool):
+                    raise DatasetError(f"{path}, line {n}: field {key!r} must be {typ.__name__}")
+            if obj["relevance"] not in (0, 1):
+                raise DatasetError(f"{path}, line {n}: relevance must be 0 or 1, not {obj['relevance']}")
+            out.append(TrainingRecord(obj["question"], obj["answer"], obj["page_text"], obj["relevance"],
+                                      str(obj.get("doc_id", "")), obj.get("page"), obj.get("source", "")))
+    if not out:
+        raise DatasetError(f"{path}: no records")
+    return out
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def split_groups(groups: Sequence[str], test_fraction: float, seed: int = 0) -> set[str]:
+    """A deterministic set of held-out groups (documents or companies): groups are
+    ordered by a seeded hash and taken until ``test_fraction`` of them are held out."""
+    ordered = sorted(set(groups), key=lambda g: hashlib.sha256(f"{seed}:{g}".encode()).hexdigest())
+    n_test = max(1, round(len(ordered) * test_fraction)) if ordered else 0
+    return set(ordered[:n_test])
