@@ -59,6 +59,10 @@ def eval_command(
     pdf_dir: Optional[Path] = typer.Option(None, "--pdf-dir", help="Folder of <doc_id>.pdf files: the documents of "
                                            "the queries that are not indexed yet are indexed from it first."),
     compare: str = typer.Option("bm25", "--compare", help=COMPARE_HELP),
+    reranker: Optional[str] = typer.Option(None, "--reranker", help="Shorthand for one configuration: "
+                                           "bm25 + this reranker (none, llm, classifier); replaces --compare."),
+    threshold: Optional[float] = typer.Option(None, "--threshold", help="With --reranker classifier: the "
+                                              "probability threshold t."),
     k: str = typer.Option("1,3", "--k", help="Cut-offs of P@k and R@k, comma-separated."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (all metrics per configuration and category)."),
     run_out: Optional[Path] = typer.Option(None, "--run-out", help="Write one JSON line per query and configuration "
@@ -85,6 +89,12 @@ def eval_command(
     if pdf_dir is not None and not pdf_dir.is_dir():
         raise fail(f"--pdf-dir {pdf_dir}: no such folder")
     try:
+        if reranker is not None:
+            compare = "bm25" if reranker == "none" else f"bm25+{reranker}"
+            if threshold is not None:
+                compare += f"@{threshold:g}"
+        elif threshold is not None:
+            raise ConfigError("--threshold goes with --reranker (or write it in --compare, e.g. classifier@0.15)")
         configs = parse_compare(compare)
     except ConfigError as exc:
         raise fail(f"--compare: {exc}")
@@ -98,7 +108,7 @@ def eval_command(
     try:
         backend = ctx.backend
         if pdf_dir is not None:
-            summary = index_missing(items, backend, ctx.detector, pdf_dir)
+            summary = index_missing(items, backend, ctx.detector, pdf_dir, embedder=ctx.indexing_embedder)
             if summary is not None:
                 for failure in summary.failures:
                     typer.echo(f"error: {failure.reason}", err=True)
@@ -106,7 +116,8 @@ def eval_command(
         missing = missing_documents(items, backend)
         if missing:
             raise fail(str(UnknownDocumentsError(missing, pdf_dir)), EXIT_BAD_INPUT)
-        config_runs = run_configs(items, configs, backend, ctx.detector, ctx.settings, pool_size=pool)
+        config_runs = run_configs(items, configs, backend, ctx.detector, ctx.settings, pool_size=pool,
+                                  embedder=ctx.embedder)
     except ConfigError as exc:
         raise fail(str(exc))
     except UnknownDocumentError as exc:

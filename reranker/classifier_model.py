@@ -56,7 +56,13 @@ class InputFormat:
 def load_tokenizer(base: str):
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(resolve_base_model(base))
+    resolved = resolve_base_model(base)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(resolved)
+    except (OSError, ValueError) as exc:
+        where = "" if Path(resolved).exists() else " (no such directory, and not reachable as a hub model)"
+        raise ModelLoadError(f"cannot load the tokenizer of base model {base!r}{where}: "
+                             f"{str(exc).splitlines()[0]}") from None
     if tokenizer.pad_token is None:
         # decoder LLMs (Llama) ship without a pad token; padding is masked anyway
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.bos_token

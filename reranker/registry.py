@@ -1,5 +1,6 @@
 """Reranker names -> constructors, and the configuration strings that name a
-first stage plus a reranker (``bm25``, ``classifier@0.15``, ``bm25+llm``).
+first stage plus a reranker (``bm25``, ``hybrid``, ``classifier@0.15``,
+``bm25+llm``, ``hybrid+classifier@0.15``).
 
 Adding a reranker means adding one entry to ``_FACTORIES``; the CLI, evaluation
 and API take every name listed here without other change.
@@ -10,10 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from evidentia.config import ConfigError, Settings
+from evidentia.config import STAGES, ConfigError, Settings
 from evidentia.reranker.base import NoReranker, Reranker
 
-FIRST_STAGES = ("bm25",)
+# bm25 (keywords), dense (page embeddings), hybrid (both, reciprocal-rank fused).
+FIRST_STAGES = STAGES
 
 
 def _none(settings: Settings, threshold: float | None) -> Reranker:
@@ -74,7 +76,8 @@ class PipelineConfig:
 
 
 def parse_config(spec: str) -> PipelineConfig:
-    """``[stage+]reranker[@threshold]``; a bare stage means no reranker."""
+    """``[stage+]reranker[@threshold]``; a bare stage means no reranker, a bare
+    reranker runs on the bm25 stage (``classifier@0.15`` = ``bm25+classifier@0.15``)."""
     spec = spec.strip()
     if not spec:
         raise ConfigError("empty configuration")

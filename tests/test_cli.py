@@ -98,7 +98,8 @@ def test_search_json_targeted_question(cli, indexed):
     assert result.exit_code == 0, result.output
     assert result.stdout.count("\n") == 1  # exactly one JSON object on one line
     payload = json.loads(result.stdout)
-    assert list(payload) == ["pages"]
+    assert list(payload)[0] == "pages"
+    assert payload["reranker"] == "none" and payload["fallback_reason"] is None
     pages = payload["pages"]
     assert len(pages) == 7
     assert pages[0]["page"] == 2 and pages[0]["doc_id"] == indexed

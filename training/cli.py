@@ -4,7 +4,6 @@ transformers) happen when a command runs, so `evidentia --help` stays fast."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Optional
 
@@ -115,7 +114,7 @@ def train_command(
                          max_steps=max_steps, seed=seed)
     try:
         metadata = train(records, base_model, out, params, data_sha256=file_sha256(data),
-                         log=lambda m: typer.echo(m, err=True), progress=sys.stderr.isatty() or True)
+                         log=lambda m: typer.echo(m, err=True), progress=True)
     except (TrainingError, ModelLoadError) as exc:
         raise fail(str(exc), EXIT_BAD_INPUT)
     typer.echo(json.dumps(metadata.metrics, indent=2))

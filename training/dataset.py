@@ -170,5 +170,5 @@ def split_groups(groups: Sequence[str], test_fraction: float, seed: int = 0) -> 
     """A deterministic set of held-out groups (documents or companies): groups are
     ordered by a seeded hash and taken until ``test_fraction`` of them are held out."""
     ordered = sorted(set(groups), key=lambda g: hashlib.sha256(f"{seed}:{g}".encode()).hexdigest())
-    n_test = max(1, round(len(ordered) * test_fraction)) if ordered else 0
+    n_test = max(1, round(len(ordered) * test_fraction)) if ordered and test_fraction > 0 else 0
     return set(ordered[:n_test])

@@ -111,9 +111,14 @@ def fit_calibration(margins: Sequence[float], labels: Sequence[int]) -> Calibrat
         return Calibration()
     from sklearn.linear_model import LogisticRegression
 
+    # Fitted on standardised margins: on raw margins that differ by little (a
+    # barely trained model) the solver stops at a=0, i.e. p=0.5 for every page.
+    mean = sum(margins) / len(margins)
+    scale = (sum((m - mean) ** 2 for m in margins) / len(margins)) ** 0.5 or 1.0
     lr = LogisticRegression(C=1e4)
-    lr.fit([[m] for m in margins], list(labels))
-    return Calibration(a=float(lr.coef_[0][0]), b=float(lr.intercept_[0]))
+    lr.fit([[(m - mean) / scale] for m in margins], list(labels))
+    a = float(lr.coef_[0][0]) / scale
+    return Calibration(a=a, b=float(lr.intercept_[0]) - a * mean)
 
 
 def train(records: Sequence[TrainingRecord], base_model: str, out_dir: Path, params: TrainParams = TrainParams(),

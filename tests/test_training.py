@@ -1,0 +1,455 @@
+"""Training records (ClimRetrieve passages, labelled queries + BM25 negatives,
+JSONL files) and LoRA training of a tiny model, directly and through the CLI."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from safetensors import safe_open
+from typer.testing import CliRunner
+
+from evidentia.cli import app
+from evidentia.reranker.classifier_model import METADATA_FILE, ModelMetadata
+from evidentia.training.dataset import (
+    DatasetError,
+    TrainingRecord,
+    dedupe,
+    file_sha256,
+    read_records,
+    records_from_climretrieve,
+    records_from_queries,
+    split_groups,
+    write_records,
+)
+from evidentia.training.train import TrainingError, TrainParams, train
+
+import tiny_models as tm
+
+# PEFT calls a transformers method that transformers 5 deprecates; not ours to fix.
+pytestmark = pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning")
+
+
+def rec(text: str, relevance: int, question: str = "q", doc: str = "d", page: int | None = 1) -> TrainingRecord:
+    return TrainingRecord(question, "a", text, relevance, doc, page, "test")
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("error: ")]
+
+
+# --- ClimRetrieve passages ---------------------------------------------------------------------
+
+PASSAGES = [
+    # report A, question 1: one passage with context, one without (context "nan")
+    {"report": "A", "question": "Q1", "answer": "ans1", "relevant_text": "t-a1", "context": "ctx-a1",
+     "relevance": 1, "printed_page": 3},
+    {"report": "A", "question": "Q1", "answer": "ans1", "relevant_text": "t-a2", "context": "nan",
+     "relevance": 2, "printed_page": "n/a"},
+    # report A, question 2: t-a1 is marked for Q1 as well, so it may never be a Q1 negative
+    {"report": "A", "question": "Q2", "answer": "ans2", "relevant_text": "t-a1", "context": "ctx-a1-seen-by-q2",
+     "relevance": 1, "printed_page": 4},
+    {"report": "A", "question": "Q2", "answer": "ans2", "relevant_text": "t-a3", "context": "ctx-a3",
+     "relevance": 1, "printed_page": 7},
+    {"report": "A", "question": "Q3", "answer": "", "relevant_text": "t-a4", "context": None,
+     "relevance": 0, "printed_page": 9},
+    # report B, question 1: other report, never a negative for report A
+    {"report": "B", "question": "Q1", "answer": "ans1", "relevant_text": "t-b1", "context": "ctx-b1",
+     "relevance": 1, "printed_page": 1},
+    {"report": "B", "question": "Q9", "answer": "", "relevant_text": "t-b9", "context": "ctx-b9",
+     "relevance": 1, "printed_page": 2},
+]
+
+
+@pytest.fixture
+def passages_dir(tmp_path) -> Path:
+    folder = tmp_path / "climretrieve"
+    folder.mkdir()
+    (folder / "passages.jsonl").write_text("".join(json.dumps(r) + "\n" for r in PASSAGES) + "\n")
+    return folder
+
+
+def test_climretrieve_positives_and_negatives(passages_dir):
+    records = list(records_from_climretrieve(passages_dir / "passages.jsonl", negatives_per_positive=10))
+    assert {r.source for r in records} == {"climretrieve"}
+    positives = {(r.doc_id, r.question, r.page_text, r.page) for r in records if r.relevance == 1}
+    assert positives == {
+        ("A", "Q1", "ctx-a1", 3),  # the context, which reads like a page
+        ("A", "Q1", "t-a2", None),  # no context: the marked text itself; "n/a" is no page number
+        ("A", "Q2", "ctx-a1-seen-by-q2", 4),
+        ("A", "Q2", "ctx-a3", 7),
+        ("B", "Q1", "ctx-b1", 1),
+        ("B", "Q9", "ctx-b9", 2),
+    }  # the relevance-0 row is no positive
+    assert all(r.answer == {"Q1": "ans1", "Q2": "ans2", "Q9": ""}[r.question] for r in records)
+
+    def negatives(report, question):
+        return {r.page_text for r in records if r.relevance == 0 and r.doc_id == report and r.question == question}
+
+    # Q1 in A: only passages of other questions of A, and not t-a1's, which Q1 marked too
+    assert negatives("A", "Q1") == {"ctx-a3", "t-a4"}
+    # Q2 in A: passages of Q1 and Q3; ctx-a1 is Q1's page for t-a1, which Q2 marked as well
+    assert negatives("A", "Q2") == {"t-a2", "t-a4"}
+    assert negatives("B", "Q1") == {"ctx-b9"} and negatives("B", "Q9") == {"ctx-b1"}
+    for r in records:  # a negative never comes from another report
+        if r.relevance == 0:
+            assert r.page_text in {p["context"] if p["context"] not in (None, "nan") else p["relevant_text"]
+                                   for p in PASSAGES if p["report"] == r.doc_id}
+
+
+def test_climretrieve_negatives_per_positive_and_min_relevance(passages_dir):
+    path = passages_dir / "passages.jsonl"
+    one = list(records_from_climretrieve(path, negatives_per_positive=1))
+    assert sum(r.relevance == 0 for r in one) == sum(r.relevance == 1 for r in one) == 6
+    assert one == list(records_from_climretrieve(path, negatives_per_positive=1))  # seeded
+    strict = list(records_from_climretrieve(path, negatives_per_positive=0, min_relevance=2))
+    assert [(r.question, r.page_text, r.relevance) for r in strict] == [("Q1", "t-a2", 1)]
+
+
+def test_climretrieve_bad_line_is_named(tmp_path):
+    path = tmp_path / "passages.jsonl"
+    path.write_text(json.dumps(PASSAGES[0]) + "\n{broken\n")
+    with pytest.raises(DatasetError, match="line 2: invalid JSON"):
+        list(records_from_climretrieve(path))
+
+
+# --- labelled queries + BM25 negatives ------------------------------------------------------------
+
+
+def test_records_from_queries(backend, detector, make_pdf):
+    from evidentia.evaluation.queries import EvalQuery
+    from evidentia.indexer.pipeline import index_pdf
+
+    report = make_pdf("report.pdf", [
+        "Our carbon emissions were reduced by 12 % in 2023 compared with the previous year.",
+        "The canteen now serves carbon neutral coffee to every employee at lunch.",
+        "The football team travelled by bus, and the emissions of the bus were offset.",
+        "The garden party and the summer picnic took place in June with live music.",
+        "",
+        "Carbon emissions: scope 1 and scope 2 emissions were reduced again this year.",
+    ])
+    other = make_pdf("other.pdf", ["Carbon emissions were reduced at the other company as well."])
+    index_pdf(report, backend, detector)
+    index_pdf(other, backend, detector)
+    query = EvalQuery(id="q1", doc_ids=("report",), question="What were the carbon emissions?",
+                      answer="Emissions were reduced.", relevant=frozenset({("report", 1), ("report", 5),
+                                                                              ("report", 6)}))
+    records = list(records_from_queries([query], backend, detector, negatives_per_query=10))
+    positives = [r for r in records if r.relevance == 1]
+    negatives = [r for r in records if r.relevance == 0]
+    # the relevant pages with text (page 5 is empty), with the indexed text
+    assert [(r.doc_id, r.page) for r in positives] == [("report", 1), ("report", 6)]
+    assert all(r.page_text == backend.get_page(r.doc_id, r.page).text for r in records)
+    # BM25 candidates that are not relevant, in BM25 order; page 4 matches no keyword
+    assert {(r.doc_id, r.page) for r in negatives} == {("report", 2), ("report", 3)}
+    assert all(r.question == query.question and r.answer == query.answer and r.source == "queries"
+               for r in records)
+    few = list(records_from_queries([query], backend, detector, negatives_per_query=1))
+    few_negatives = [r for r in few if r.relevance == 0]
+    assert len(few_negatives) == 1 and few_negatives[0] == negatives[0]
+    assert [r for r in few if r.relevance == 1] == positives
+    none = list(records_from_queries([query], backend, detector, negatives_per_query=0))
+    assert all(r.relevance == 1 for r in none)
+
+
+# --- dedupe, files, splits -------------------------------------------------------------------------
+
+
+def test_dedupe_keeps_one_record_per_text_and_positive_wins():
+    records = [rec("x", 0), rec("x", 1, doc="other"), rec("x", 0), rec("y", 0), rec("y", 0, question="q2"),
+               rec("z", 1), rec("z", 0)]
+    out = dedupe(records)
+    assert sorted((r.question, r.page_text, r.relevance) for r in out) == [
+        ("q", "x", 1), ("q", "y", 0), ("q", "z", 1), ("q2", "y", 0)]
+    assert dedupe(out) == out
+
+
+def test_write_and_read_records_round_trip(tmp_path):
+    records = [rec("page one – ünïcode", 1, page=None), rec("page two", 0, doc="d2", page=7)]
+    path = tmp_path / "sub" / "records.jsonl"
+    digest = write_records(records, path)
+    assert digest == file_sha256(path) and len(digest) == 64
+    assert read_records(path) == records
+    assert "ünïcode" in path.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("bad_line,message", [
+    ("{not json", "line 3: invalid JSON"),
+    ('["a list"]', "line 3: expected a JSON object"),
+    ('{"question": "q", "answer": "a", "relevance": 1}', "line 3: missing field 'page_text'"),
+    ('{"question": "q", "answer": "a", "page_text": "p", "relevance": 2}', "line 3: relevance must be 0 or 1"),
+    ('{"question": "q", "answer": "a", "page_text": "p", "relevance": true}', "line 3: field 'relevance' must be int"),
+    ('{"question": "q", "answer": 5, "page_text": "p", "relevance": 0}', "line 3: field 'answer' must be str"),
+])
+def test_read_records_names_the_bad_line(tmp_path, bad_line, message):
+    path = tmp_path / "records.jsonl"
+    path.write_text(rec("ok", 1).to_json() + "\n\n" + bad_line + "\n")  # line 2 is blank
+    with pytest.raises(DatasetError, match=message) as info:
+        read_records(path)
+    assert str(path) in str(info.value)
+
+
+def test_read_records_empty_file(tmp_path):
+    path = tmp_path / "records.jsonl"
+    path.write_text("\n")
+    with pytest.raises(DatasetError, match="no records"):
+        read_records(path)
+
+
+def test_split_groups_is_deterministic_and_disjoint():
+    groups = [f"doc{i}" for i in range(10)] * 3
+    held = split_groups(groups, 0.3, seed=0)
+    assert len(held) == 3 and held <= set(groups)
+    assert split_groups(list(reversed(groups)), 0.3, seed=0) == held
+    assert split_groups(groups, 0.3, seed=0) == held
+    train_groups = set(groups) - held
+    assert train_groups and not (train_groups & held)
+    assert len(split_groups(groups, 0.01, seed=0)) == 1  # a positive share holds out at least one
+    assert split_groups(groups, 0.0) == set()  # no share, nothing held out
+    assert split_groups([], 0.5) == set()
+    assert any(split_groups(groups, 0.3, seed=s) != held for s in range(1, 5))
+
+
+# --- training -------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """(base dir, trained dir, metadata) of the tiny encoder trained with the default LoRA settings."""
+    return tm.trained_model("encoder", tmp_path_factory)
+
+
+def linear_names(model) -> set[str]:
+    import torch
+
+    return {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+
+
+def test_train_writes_metadata(trained):
+    base, out, meta = trained
+    assert sorted(p.name for p in out.iterdir()) == ["adapter_config.json", "adapter_model.safetensors",
+                                                     METADATA_FILE]
+    data = json.loads((out / METADATA_FILE).read_text())
+    assert data["base_model"] == str(base)
+    assert data["data_sha256"] == "0" * 64
+    assert datetime.fromisoformat(data["created"]).tzinfo is not None
+    assert data["params"]["lora_r"] == 32 and data["params"]["lora_alpha"] == 16
+    assert data["params"]["max_steps"] == data["metrics"]["steps"]
+    for split in ("held_out", "held_out_calibrated"):
+        assert {"accuracy", "f1", "auroc"} <= set(data["metrics"][split])
+        assert all(0.0 <= data["metrics"][split][k] <= 1.0 for k in ("accuracy", "f1", "auroc"))
+    assert data["input_format"] == {"max_length": 256, "window_overlap": 64, "max_windows": 8}
+    records = tm.training_records()
+    held = set(data["held_out_documents"])
+    assert held and held < {r.doc_id for r in records}  # some documents held out, not all
+    assert data["eval_records"] == sum(r.doc_id in held for r in records)
+    assert data["train_records"] + data["eval_records"] == len(records)
+    assert ModelMetadata.read(out) == meta
+
+
+def test_train_writes_a_lora_adapter_and_a_fully_trained_head(trained):
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    base, out, _ = trained
+    config = json.loads((out / "adapter_config.json").read_text())
+    assert config["peft_type"] == "LORA" and config["r"] == 32 and config["lora_alpha"] == 16
+    assert "classifier" in config["modules_to_save"]
+    base_model = AutoModelForSequenceClassification.from_pretrained(str(base))
+    targets = {t.rsplit(".", 1)[-1] for t in config["target_modules"]}
+    assert targets == linear_names(base_model) - {"classifier"}  # every linear layer but the head
+    with safe_open(str(out / "adapter_model.safetensors"), "pt") as fh:
+        tensors = {k: fh.get_tensor(k) for k in fh.keys()}
+    head = {k: v for k, v in tensors.items() if "lora_" not in k}
+    # only LoRA matrices and the head: no copy of the base model's weights
+    assert set(head) == {"base_model.model.classifier.weight", "base_model.model.classifier.bias"}
+    weight = head["base_model.model.classifier.weight"]
+    assert tuple(weight.shape) == (2, 32)  # the whole head, not a low-rank update of it
+    assert not torch.equal(weight, base_model.classifier.weight.detach())  # and it was trained
+    assert any(k.endswith("lora_A.weight") for k in tensors) and any(k.endswith("lora_B.weight") for k in tensors)
+
+
+def test_training_changes_only_lora_and_head(tmp_path, tmp_path_factory, monkeypatch):
+    """The model in memory after training: base weights as loaded, LoRA and head trained."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    import evidentia.training.train as train_mod
+
+    base = tm.base_model("encoder", tmp_path_factory)
+    captured = {}
+    real = train_mod._lora_model
+
+    def spy(model, params):
+        captured["model"] = real(model, params)
+        return captured["model"]
+
+    monkeypatch.setattr(train_mod, "_lora_model", spy)
+    train(tm.training_records(), str(base), tmp_path / "m", TrainParams(max_steps=4, learning_rate=1e-2),
+          log=lambda _m: None, progress=False)
+    model = captured["model"]
+    original = AutoModelForSequenceClassification.from_pretrained(str(base)).state_dict()
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n or "modules_to_save" in n for n in trainable)
+    assert any("classifier.modules_to_save" in n for n in trainable)
+    compared = 0
+    for name, param in model.named_parameters():
+        if "lora_" in name or "modules_to_save" in name:
+            continue
+        key = name.removeprefix("base_model.model.").replace(".base_layer.", ".").replace(".original_module.", ".")
+        assert torch.equal(param.detach().cpu(), original[key]), name
+        compared += 1
+    assert compared >= len([k for k in original if "embeddings" in k or "LayerNorm" in k])
+    head = dict(model.named_parameters())["base_model.model.classifier.modules_to_save.default.weight"]
+    assert not torch.equal(head.detach().cpu(), original["classifier.weight"])
+
+
+class Boom(RuntimeError):
+    pass
+
+
+def _raise(*_args, **_kwargs):
+    raise Boom("disk full")
+
+
+@pytest.mark.parametrize("target", ["metadata", "adapter", "interrupt"])
+def test_interrupted_training_leaves_the_old_model_alone(tmp_path, tmp_path_factory, monkeypatch, target):
+    import peft
+
+    base = tm.base_model("encoder", tmp_path_factory)
+    out = tmp_path / "models" / "current"
+    out.mkdir(parents=True)
+    (out / METADATA_FILE).write_text('{"the": "old model"}\n')
+    (out / "adapter_model.safetensors").write_bytes(b"old weights")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    if target == "metadata":
+        monkeypatch.setattr(ModelMetadata, "write", _raise)
+    elif target == "adapter":
+        monkeypatch.setattr(peft.PeftModel, "save_pretrained", _raise)
+    else:
+        def interrupt(*_a, **_k):
+            raise KeyboardInterrupt
+        monkeypatch.setattr(ModelMetadata, "write", interrupt)
+    with pytest.raises(KeyboardInterrupt if target == "interrupt" else Boom):
+        train(tm.training_records(), str(base), out, TrainParams(max_steps=1, eval_fraction=0.0),
+              log=lambda _m: None, progress=False)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert [p.name for p in out.parent.iterdir()] == ["current"]  # no temporary directory left behind
+
+
+def test_training_replaces_an_existing_model(tmp_path, tmp_path_factory):
+    base = tm.base_model("encoder", tmp_path_factory)
+    out = tmp_path / "current"
+    out.mkdir()
+    (out / "stale.txt").write_text("old")
+    records = [r for r in tm.training_records() if r.doc_id == "doc0"]
+    meta = train(records, str(base), out, TrainParams(max_steps=1, eval_fraction=0.0), log=lambda _m: None,
+                 progress=False)
+    # eval fraction 0: a single document is enough, nothing is held out, no calibration fitted
+    assert meta.extra["eval_records"] == 0 and meta.extra["held_out_documents"] == []
+    assert "held_out" not in meta.metrics and (meta.calibration.a, meta.calibration.b) == (1.0, 0.0)
+    assert sorted(p.name for p in out.iterdir()) == ["adapter_config.json", "adapter_model.safetensors",
+                                                     METADATA_FILE]
+    assert [p.name for p in tmp_path.iterdir()] == ["current"]
+
+
+def test_training_errors(tmp_path, tmp_path_factory):
+    base = str(tm.base_model("encoder", tmp_path_factory))
+    only_positive = [r for r in tm.training_records() if r.relevance == 1]
+    with pytest.raises(TrainingError, match="both relevant"):
+        train(only_positive, base, tmp_path / "m", TrainParams(max_steps=1), log=lambda _m: None, progress=False)
+    with pytest.raises(TrainingError, match="no training records"):
+        train([], base, tmp_path / "m", TrainParams(max_steps=1), log=lambda _m: None, progress=False)
+    one_doc = [r for r in tm.training_records() if r.doc_id == "doc0"]
+    with pytest.raises(TrainingError, match="held-out split took every document"):
+        train(one_doc, base, tmp_path / "m", TrainParams(max_steps=1, eval_fraction=0.5), log=lambda _m: None,
+              progress=False)
+    assert not (tmp_path / "m").exists()
+
+
+# --- CLI ----------------------------------------------------------------------------------------------------
+
+
+def test_cli_train_prints_metrics(tmp_path, tmp_path_factory):
+    base = tm.base_model("encoder", tmp_path_factory)
+    data = tmp_path / "records.jsonl"
+    write_records(tm.training_records(), data)
+    out = tmp_path / "model"
+    result = CliRunner().invoke(app, ["train", "--data", str(data), "--base-model", str(base), "--out", str(out),
+                                      "--max-steps", "2", "--eval-fraction", "0.34", "--lr", "0.01"])
+    assert result.exit_code == 0, result.output
+    metrics = json.loads(result.stdout)
+    assert metrics["steps"] == 2 and {"accuracy", "f1", "auroc"} <= set(metrics["held_out"])
+    meta = ModelMetadata.read(out)
+    assert meta.extra["data_sha256"] == file_sha256(data)
+    assert meta.metrics == metrics
+    assert error_lines(result.stderr) == []
+
+
+def test_cli_train_bad_data_names_the_line(tmp_path, tmp_path_factory):
+    base = tm.base_model("encoder", tmp_path_factory)
+    data = tmp_path / "records.jsonl"
+    data.write_text(rec("ok", 1).to_json() + "\n" + '{"question": "q", "answer": "a", "page_text": "p", '
+                    '"relevance": 2}\n')
+    out = tmp_path / "model"
+    result = CliRunner().invoke(app, ["train", "--data", str(data), "--base-model", str(base), "--out", str(out)])
+    assert result.exit_code != 0
+    errors = error_lines(result.stderr)
+    assert len(errors) == 1 and "line 2" in errors[0] and "relevance" in errors[0]
+    assert result.stdout == "" and not out.exists()
+
+
+def test_cli_train_bad_base_model(tmp_path):
+    data = tmp_path / "records.jsonl"
+    write_records(tm.training_records(), data)
+    result = CliRunner().invoke(app, ["train", "--data", str(data), "--base-model", str(tmp_path / "no-model"),
+                                      "--out", str(tmp_path / "model")])
+    assert result.exit_code == 1
+    errors = error_lines(result.stderr)
+    assert len(errors) == 1 and "no-model" in errors[0]
+    assert "Traceback" not in result.output
+
+
+def test_cli_dataset_from_climretrieve(tmp_path, passages_dir):
+    out = tmp_path / "records.jsonl"
+    result = CliRunner().invoke(app, ["dataset", "--out", str(out), "--climretrieve", str(passages_dir)])
+    assert result.exit_code == 0, result.output
+    records = read_records(out)
+    assert records == dedupe(records_from_climretrieve(passages_dir / "passages.jsonl", seed=0))
+    positives = sum(r.relevance for r in records)
+    assert positives == 6
+    assert f"{len(records)} records ({positives} relevant" in result.stdout
+    assert file_sha256(out)[:12] in result.stdout
+
+
+def test_cli_dataset_errors(tmp_path):
+    folder = tmp_path / "cr"
+    folder.mkdir()
+    (folder / "passages.jsonl").write_text(json.dumps(PASSAGES[0]) + "\n\nnot json\n")
+    out = tmp_path / "records.jsonl"
+    result = CliRunner().invoke(app, ["dataset", "--out", str(out), "--climretrieve", str(folder)])
+    assert result.exit_code == 1
+    errors = error_lines(result.stderr)
+    assert len(errors) == 1 and "line 3" in errors[0]
+    assert not out.exists()
+    result = CliRunner().invoke(app, ["dataset", "--out", str(out)])
+    assert result.exit_code == 2 and error_lines(result.stderr)
+
+
+def test_fit_calibration_on_margins_that_barely_differ():
+    """A barely trained model separates the classes by 1e-4 in margin: the fit must
+    still rank them (on raw margins the solver stopped at a=0: p=0.5 everywhere)."""
+    from evidentia.training.train import fit_calibration
+
+    margins = [0.07879, 0.07861, 0.07877, 0.07860, 0.07877, 0.07859, 0.07878, 0.07858]
+    labels = [1, 0, 1, 0, 1, 0, 1, 0]
+    cal = fit_calibration(margins, labels)
+    probs = [cal.probability(m) for m in margins]
+    assert cal.a > 0
+    assert min(p for p, y in zip(probs, labels) if y) > 0.5 > max(p for p, y in zip(probs, labels) if not y)
+    shifted = fit_calibration([m * 100 - 3 for m in margins], labels)  # same fit, whatever the scale
+    assert [shifted.probability(m * 100 - 3) for m in margins] == pytest.approx(probs, abs=1e-3)
+    assert fit_calibration([0.5, 0.5], [1, 0]).probability(0.5) == pytest.approx(0.5)  # no spread: no info
+    assert (fit_calibration([1.0, 2.0], [1, 1]).a, fit_calibration([1.0, 2.0], [1, 1]).b) == (1.0, 0.0)
