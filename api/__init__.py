@@ -1,0 +1,1 @@
+"""The validation API (FastAPI): ``create_app(settings)``; run it with ``evidentia serve``."""

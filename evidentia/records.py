@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,26 @@ class Page:
         return self.char_count == 0
 
 
+@dataclass(frozen=True, eq=False)
+class PageVectors:
+    """Dense vectors of a document's pages: one row per window of a page (see
+    ``retriever.dense``), rows grouped by page in page order; empty pages have none.
+    Vectors are L2-normalised, so a dot product is a cosine."""
+
+    model: str  # the embedding model's name (``retriever.dense.canonical_model_name``)
+    pages: Any  # numpy int32 array (rows,): the page number of each row
+    vectors: Any  # numpy float array (rows, dim)
+
+    @property
+    def rows(self) -> int:
+        return len(self.pages)
+
+    @property
+    def dim(self) -> int:
+        shape = getattr(self.vectors, "shape", (0, 0))
+        return int(shape[1]) if len(shape) == 2 else 0
+
+
 @dataclass(frozen=True)
 class Document:
     """A whole indexed document: metadata plus its pages, written all at once."""
@@ -28,6 +49,8 @@ class Document:
     doc_id: str
     pages: tuple[Page, ...]
     source: str = ""  # file name it came from
+    # Page embeddings computed at indexing time; None when indexed without (EVIDENTIA_DENSE=off).
+    vectors: PageVectors | None = field(default=None, compare=False, repr=False)
 
     @property
     def page_count(self) -> int:

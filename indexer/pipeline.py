@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from evidentia.indexer.language import LanguageDetector
 from evidentia.indexer.pdf import PdfError, extract_pages
+from evidentia.records import Document
 from evidentia.retriever.base import SearchBackend
+
+if TYPE_CHECKING:  # pragma: no cover
+    from evidentia.retriever.dense import PageEmbedder
 
 
 @dataclass
@@ -24,10 +29,22 @@ class IndexSummary:
     empty_pages: int = 0
     failures: list[IndexFailure] = field(default_factory=list)
     doc_ids: list[str] = field(default_factory=list)
+    embedded_pages: int = 0  # pages run through the embedding model (0 with EVIDENTIA_DENSE=off)
+    embed_seconds: float = 0.0  # time spent embedding, included in seconds
+    seconds: float = 0.0  # the whole run: extraction, embedding, writing
 
     def line(self) -> str:
         return (f"{self.documents} document(s), {self.pages} page(s) indexed, "
                 f"{self.empty_pages} empty page(s) (no extractable text), {len(self.failures)} failure(s)")
+
+    def embedding_line(self) -> str | None:
+        """What the embeddings cost, or None when none were computed."""
+        if not self.embedded_pages:
+            return None
+        rate = self.embedded_pages / self.embed_seconds if self.embed_seconds > 0 else 0.0
+        share = f", {100 * self.embed_seconds / self.seconds:.0f}% of indexing time" if self.seconds > 0 else ""
+        return (f"embeddings: {self.embedded_pages} page(s) in {self.embed_seconds:.1f} s "
+                f"({rate:.1f} pages/s{share}); EVIDENTIA_DENSE=off skips them")
 
 
 def find_pdfs(paths: Iterable[Path]) -> tuple[list[Path], list[IndexFailure]]:
@@ -46,9 +63,19 @@ def find_pdfs(paths: Iterable[Path]) -> tuple[list[Path], list[IndexFailure]]:
     return list(dict.fromkeys(files)), missing
 
 
-def index_pdf(path: Path, backend: SearchBackend, detector: LanguageDetector, doc_id: str | None = None):
-    """Extract, then write in one step: a PDF that fails leaves nothing behind."""
+def embed_document(document: Document, embedder: "PageEmbedder | None",
+                   on_embedded: Callable[[int], None] | None = None) -> Document:
+    """The document with its page vectors (unchanged without an embedder)."""
+    if embedder is None:
+        return document
+    return replace(document, vectors=embedder.embed_pages(document.pages, on_progress=on_embedded))
+
+
+def index_pdf(path: Path, backend: SearchBackend, detector: LanguageDetector, doc_id: str | None = None,
+              embedder: "PageEmbedder | None" = None):
+    """Extract (and embed), then write in one step: a PDF that fails leaves nothing behind."""
     document = extract_pages(Path(path), doc_id or Path(path).stem, detector)
+    document = embed_document(document, embedder)
     backend.index_document(document)
     return document
 
@@ -58,9 +85,14 @@ def index_paths(
     backend: SearchBackend,
     detector: LanguageDetector,
     on_document: Callable[[Path, int], None] | None = None,
+    embedder: "PageEmbedder | None" = None,
+    on_embedded: Callable[[int], None] | None = None,
 ) -> IndexSummary:
     """Index every PDF under ``paths``; bad files are recorded, the rest still indexed.
-    ``on_document(path, pages)`` is called after each file (pages = 0 on failure)."""
+    ``on_document(path, pages)`` is called after each file (pages = 0 on failure).
+    With an ``embedder``, each document's pages are embedded (in batches) before
+    it is written, and ``on_embedded(pages)`` reports pages as they are done."""
+    t_start = time.perf_counter()
     files, failures = find_pdfs(paths)
     summary = IndexSummary(failures=failures)
     # Two files of one run with the same stem would silently replace each other.
@@ -81,6 +113,11 @@ def index_paths(
                 except PdfError as exc:
                     summary.failures.append(IndexFailure(str(path), str(exc)))
                 else:
+                    if embedder is not None:
+                        t0 = time.perf_counter()
+                        document = embed_document(document, embedder, on_embedded)
+                        summary.embed_seconds += time.perf_counter() - t0
+                        summary.embedded_pages += document.page_count
                     summary.documents += 1
                     summary.pages += document.page_count
                     summary.empty_pages += document.empty_pages
@@ -91,5 +128,8 @@ def index_paths(
             if on_document:
                 on_document(path, pages)
 
-    backend.index_documents(extracted())
+    try:
+        backend.index_documents(extracted())
+    finally:
+        summary.seconds = time.perf_counter() - t_start
     return summary

@@ -23,8 +23,33 @@ class UnknownDocumentError(KeyError):
         return f"unknown document id(s): {', '.join(self.doc_ids)}"
 
 
+class MissingVectorsError(BackendError):
+    """Dense search on documents that were indexed without page embeddings."""
+
+    def __init__(self, doc_ids: Sequence[str]):
+        self.doc_ids = list(doc_ids)
+        shown = ", ".join(self.doc_ids[:10]) + (f" and {len(self.doc_ids) - 10} more" if len(self.doc_ids) > 10 else "")
+        super().__init__(
+            f"no page embeddings for document(s) {shown}: they were indexed with EVIDENTIA_DENSE=off "
+            f"(or before dense retrieval existed), so the dense and hybrid stages cannot search them; "
+            f"index them again with EVIDENTIA_DENSE=on, or use the bm25 stage")
+
+
+class VectorModelError(BackendError):
+    """The query was embedded with another model than the document's pages."""
+
+    def __init__(self, doc_ids: Sequence[str], indexed_with: str, query_model: str):
+        self.doc_ids = list(doc_ids)
+        super().__init__(
+            f"document(s) {', '.join(self.doc_ids[:10])} were embedded with model {indexed_with!r}, but the "
+            f"query with {query_model!r} (EVIDENTIA_DENSE_MODEL): set EVIDENTIA_DENSE_MODEL back to "
+            f"{indexed_with!r}, or index the documents again with the new model")
+
+
 class SearchBackend(ABC):
-    """A BM25 page index. Implementations return the same records for the same data."""
+    """A page index: BM25 over the page text, and (when the documents were indexed
+    with embeddings) exact cosine search over the page vectors. Implementations
+    return the same records for the same data."""
 
     @abstractmethod
     def index_document(self, document: Document) -> None:
@@ -52,6 +77,17 @@ class SearchBackend(ABC):
     def search(self, keywords: Sequence[str], doc_ids: Sequence[str], top_k: int) -> list[Candidate]:
         """Best ``top_k`` pages of the given documents for the analysed ``keywords``
         (see ``retriever.query``), best first. Unknown ids raise ``UnknownDocumentError``."""
+
+    def search_dense(self, query_vector, doc_ids: Sequence[str], top_k: int,
+                     model: str | None = None) -> list[Candidate]:
+        """Best ``top_k`` pages of the given documents by cosine similarity between
+        ``query_vector`` (normalised) and the page's best window vector, best
+        first; ties by doc id, then page. Empty pages have no vector and never
+        match. Unknown ids raise ``UnknownDocumentError``; documents indexed
+        without vectors raise ``MissingVectorsError``; when ``model`` is given and
+        differs from the one the pages were embedded with, ``VectorModelError``.
+        Candidates carry no snippet (there are no keywords to centre it on)."""
+        raise BackendError(f"{type(self).__name__} has no dense search")
 
     def get_document(self, doc_id: str) -> DocumentInfo | None:
         return next((d for d in self.list_documents() if d.doc_id == doc_id), None)

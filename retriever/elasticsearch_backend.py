@@ -20,6 +20,12 @@ next to the old one and then switched on:
    pages or the new ones, never a mix.
 3. the pages of older generations are deleted with ``delete_by_query``.
 
+Page vectors (dense retrieval) travel with the pages: a page's ``windows`` are
+nested documents, one ``dense_vector`` each, written in the same bulk request
+under the same generation, so they switch with the pages. Dense search is a
+nested kNN query filtered to the live generation of the requested documents;
+a page scores its best window, as in the embedded backend.
+
 If writing the pages fails half way, the pages of the new generation are
 deleted again and the error is raised as ``BackendError``; the old version
 stays as it was. Generations start with a nanosecond timestamp, so they sort by
@@ -49,8 +55,11 @@ from elasticsearch import (
     helpers,
 )
 
+import numpy as np
+
 from evidentia.records import Candidate, Document, DocumentInfo, Page
-from evidentia.retriever.base import BackendError, SearchBackend, UnknownDocumentError
+from evidentia.retriever.base import (BackendError, MissingVectorsError, SearchBackend, UnknownDocumentError,
+                                      VectorModelError)
 from evidentia.retriever.snippet import make_snippet
 from evidentia.text import LANGUAGES, search_text
 
@@ -60,8 +69,13 @@ NEUTRAL_FIELD = "body"
 MAPPING_RESOURCE = "pages.json"
 # Must equal mappings._meta.evidentia_schema_version in es_mappings/pages.json;
 # an index of another version is refused instead of being silently misread.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _PAGE_SOURCE = ["doc_id", "page", "text", "language"]
+VECTOR_FIELD = "windows.vector"
+# kNN candidates per shard: HNSW explores this many before keeping the best top_k
+# (capped by Elasticsearch at 10000); with the filter to a few documents Lucene
+# often switches to an exact scan anyway.
+MIN_NUM_CANDIDATES = 500
 _MAX_SWITCH_ATTEMPTS = 10
 
 
@@ -89,16 +103,33 @@ def page_id(doc_id: str, generation: str, page: int) -> str:
 
 
 def document_meta(document: Document) -> dict:
-    """The summary kept in the document record; the same JSON the tantivy backend stores."""
-    return {
+    """The summary kept in the document record; the same JSON the tantivy backend
+    stores (less the sidecar file name)."""
+    meta = {
         "pages": document.page_count,
         "empty_pages": document.empty_pages,
         "languages": document.languages,
         "source": document.source,
     }
+    if document.vectors is not None:
+        meta["vectors"] = {"model": document.vectors.model, "dim": document.vectors.dim,
+                           "rows": document.vectors.rows}
+    return meta
 
 
-def page_source(page: Page, generation: str) -> dict:
+def page_windows(document: Document) -> dict[int, list[list[float]]]:
+    """page number -> its window vectors as JSON-ready lists (none without vectors)."""
+    v = document.vectors
+    if v is None or v.rows == 0:
+        return {}
+    rows = np.asarray(v.vectors, dtype=np.float64).round(7).tolist()
+    out: dict[int, list[list[float]]] = {}
+    for page_no, row in zip(np.asarray(v.pages).tolist(), rows):
+        out.setdefault(int(page_no), []).append(row)
+    return out
+
+
+def page_source(page: Page, generation: str, windows: list[list[float]] | None = None) -> dict:
     src: dict = {
         "kind": "page",
         "doc_id": page.doc_id,
@@ -115,17 +146,21 @@ def page_source(page: Page, generation: str) -> dict:
         src[NEUTRAL_FIELD] = normalised
         if page.language in LANGUAGES:
             src[lang_field(page.language)] = normalised
+    if windows:
+        src["windows"] = [{"vector": w} for w in windows]
     return src
 
 
 def page_actions(index: str, document: Document, generation: str) -> list[dict]:
-    """``helpers.bulk`` actions writing every page of ``document`` under ``generation``."""
+    """``helpers.bulk`` actions writing every page of ``document`` (with its window
+    vectors, if any) under ``generation``."""
+    windows = page_windows(document)
     return [
         {
             "_op_type": "index",
             "_index": index,
             "_id": page_id(document.doc_id, generation, page.page),
-            "_source": page_source(page, generation),
+            "_source": page_source(page, generation, windows.get(page.page)),
         }
         for page in document.pages
     ]
@@ -199,6 +234,30 @@ def search_request(keywords: Sequence[str], generations: Mapping[str, str], top_
     }
 
 
+def knn_request(query_vector, generations: Mapping[str, str], top_k: int,
+                num_candidates: int = MIN_NUM_CANDIDATES) -> dict:
+    """Keyword arguments for ``Elasticsearch.search``: nested kNN over the window
+    vectors of the live pages of the given documents; each page is scored by its
+    nearest window (Elasticsearch's cosine score is (1 + cosine) / 2)."""
+    vector = np.asarray(query_vector, dtype=np.float64).reshape(-1).tolist()
+    return {
+        "knn": {
+            "field": VECTOR_FIELD,
+            "query_vector": vector,
+            "k": top_k,
+            "num_candidates": min(10_000, max(num_candidates, top_k)),
+            "filter": {"bool": {"filter": [
+                {"term": {"kind": "page"}},
+                {"terms": {"doc_id": sorted(generations)}},
+                {"terms": {"generation": sorted(set(generations.values()))}},
+            ]}},
+        },
+        "size": top_k,
+        "track_total_hits": False,
+        "source": _PAGE_SOURCE,
+    }
+
+
 def _safe_url(url: str) -> str:
     """``url`` without user name or password, for error messages."""
     try:
@@ -229,6 +288,7 @@ class ElasticsearchBackend(SearchBackend):
             except ValueError as exc:  # malformed URL
                 raise BackendError(f"EVIDENTIA_ES_URL {self.url!r} is not usable: {exc}") from None
         self._client = client
+        self._dims: int | None = None
         self._ensure_index()
 
     # -- errors --------------------------------------------------------------
@@ -283,8 +343,25 @@ class ElasticsearchBackend(SearchBackend):
             )
 
     # -- writing -------------------------------------------------------------
+    def _vector_dims(self) -> int | None:
+        """Dimensions of the index's vectors (set by the first vector ever written), or None."""
+        if self._dims is None:
+            resp = self._client.indices.get_mapping(index=self.index)
+            mappings = next(iter(dict(resp).values()), {}).get("mappings", {})
+            field = mappings.get("properties", {}).get("windows", {}).get("properties", {}).get("vector", {})
+            self._dims = field.get("dims")
+        return self._dims
+
     def index_document(self, document: Document) -> None:
         doc_id = document.doc_id
+        if document.vectors is not None and document.vectors.rows:
+            with self._errors(f"index document {doc_id!r}"):
+                dims = self._vector_dims()
+            if dims is not None and dims != document.vectors.dim:
+                raise BackendError(
+                    f"index {self.index!r} at {self.url} holds {dims}-dim page vectors, but model "
+                    f"{document.vectors.model!r} gives {document.vectors.dim}: use a new index for the new model "
+                    f"(EVIDENTIA_ES_INDEX), or set EVIDENTIA_DENSE_MODEL back")
         generation = new_generation()
         switching = False
         try:
@@ -398,6 +475,50 @@ class ElasticsearchBackend(SearchBackend):
             if hit.get("found"):
                 out[doc_id] = hit["_source"]["generation"]
         return out
+
+    def _records(self, doc_ids: Sequence[str]) -> dict[str, dict]:
+        """doc_id -> {"generation", "vectors"} of the ids that have a record."""
+        if not doc_ids:
+            return {}
+        resp = self._client.mget(index=self.index, ids=[record_id(d) for d in doc_ids],
+                                 source_includes=["generation", "meta.vectors"])
+        out = {}
+        for doc_id, hit in zip(doc_ids, resp["docs"]):
+            if hit.get("found"):
+                src = hit["_source"]
+                out[doc_id] = {"generation": src["generation"], "vectors": (src.get("meta") or {}).get("vectors")}
+        return out
+
+    def search_dense(self, query_vector, doc_ids: Sequence[str], top_k: int,
+                     model: str | None = None) -> list[Candidate]:
+        doc_ids = list(dict.fromkeys(doc_ids))
+        with self._errors("search"):
+            records = self._records(doc_ids)
+            missing = [d for d in doc_ids if d not in records]
+            if missing:
+                raise UnknownDocumentError(missing)
+            if not doc_ids or top_k <= 0:
+                return []
+            without = [d for d in doc_ids if not records[d]["vectors"]]
+            if without:
+                raise MissingVectorsError(without)
+            if model is not None:
+                wrong = [d for d in doc_ids if records[d]["vectors"]["model"] != model]
+                if wrong:
+                    raise VectorModelError(wrong, records[wrong[0]]["vectors"]["model"], model)
+            if not any(records[d]["vectors"].get("rows") for d in doc_ids):
+                return []  # only empty pages: nothing has a vector
+            generations = {d: r["generation"] for d, r in records.items()}
+            resp = self._client.search(index=self.index, **knn_request(query_vector, generations, top_k))
+        results = []
+        for hit in resp["hits"]["hits"]:
+            src = hit["_source"]
+            results.append(Candidate(
+                doc_id=src["doc_id"], page=src["page"], score=2.0 * float(hit["_score"]) - 1.0,
+                text=src.get("text", ""), language=src.get("language") or None, snippet="",
+            ))
+        results.sort(key=lambda c: (-c.score, c.doc_id, c.page))
+        return results
 
     def list_documents(self) -> list[DocumentInfo]:
         with self._errors("list documents"):

@@ -5,21 +5,36 @@ Each page's normalised text is indexed twice: in a language-neutral field
 language's Snowball stemmer analyses. A query is matched against both, so an
 English question finds "émissions" through the neutral field and "emission"
 /"emissions" through the stemmed one.
+
+Page vectors (dense retrieval) live next to the index, one sidecar file per
+document under ``vectors/``: ``<key>-<generation>.npz`` with the window vectors
+(float16, normalised) and the page number of each row. A file is written
+completely under a temporary name and renamed before the commit that makes the
+document's new record name it, so readers see the old pages with the old file
+or the new pages with the new one, never a mix; files no record names (older
+generations, a run that failed) are removed after the commit. Dense search is
+exact: a cosine over every window of the requested documents with numpy.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import threading
 import time
+import uuid
+from collections import OrderedDict
 from pathlib import Path
 from typing import Iterable, Sequence
 
+import numpy as np
 import tantivy
 from tantivy import Filter, Occur, Query, TextAnalyzerBuilder, Tokenizer
 
-from evidentia.records import Candidate, Document, DocumentInfo, Page
-from evidentia.retriever.base import BackendError, SearchBackend, UnknownDocumentError
+from evidentia.records import Candidate, Document, DocumentInfo, Page, PageVectors
+from evidentia.retriever.base import (BackendError, MissingVectorsError, SearchBackend, UnknownDocumentError,
+                                      VectorModelError)
 from evidentia.retriever.snippet import make_snippet
 from evidentia.text import LANGUAGES, search_text
 
@@ -31,8 +46,29 @@ NEUTRAL_FIELD = "body"
 SCHEMA_VERSION = 2
 
 
+VECTORS_DIR = "vectors"
+# Rows of page vectors kept in memory between searches (float16: ~0.75 kB a row at 384 dims).
+VECTOR_CACHE_ROWS = 200_000
+
+
 def _lang_field(lang: str) -> str:
     return f"body_{lang}"
+
+
+def vector_file_key(doc_id: str) -> str:
+    """File-name prefix of a document's vector files: any doc id is safe on disk."""
+    return hashlib.sha1(doc_id.encode("utf-8")).hexdigest()[:24]
+
+
+def check_vectors(document: Document) -> None:
+    """Refuse vectors that do not fit the document's pages (a programming error)."""
+    v = document.vectors
+    pages = np.asarray(v.pages)
+    vectors = np.asarray(v.vectors)
+    if vectors.ndim != 2 or len(pages) != vectors.shape[0]:
+        raise ValueError(f"{document.doc_id}: {len(pages)} page numbers for vectors of shape {vectors.shape}")
+    if len(pages) and (np.any(np.diff(pages) < 0) or not set(pages.tolist()) <= {p.page for p in document.pages}):
+        raise ValueError(f"{document.doc_id}: vector rows must be grouped by page, in page order, for its pages")
 
 
 def _build_schema() -> tantivy.Schema:
@@ -69,8 +105,13 @@ def _register_analyzers(index: tantivy.Index) -> None:
 
 class TantivyBackend(SearchBackend):
     def __init__(self, directory: Path, neutral_boost: float = 1.0, language_boost: float = 1.0,
-                 writer_heap_bytes: int = 64_000_000, lock_timeout_s: float = 30.0) -> None:
+                 writer_heap_bytes: int = 64_000_000, lock_timeout_s: float = 30.0,
+                 dense_pooling: str = "max") -> None:
         self.directory = Path(directory)
+        self.dense_pooling = dense_pooling  # how window scores make a page score: see retriever.dense.page_scores
+        self._vector_cache: OrderedDict[str, PageVectors] = OrderedDict()  # file name -> vectors (files never change)
+        self._cached_rows = 0
+        self._cache_lock = threading.Lock()
         self.directory.mkdir(parents=True, exist_ok=True)
         self.neutral_boost = neutral_boost
         self.language_boost = language_boost
@@ -116,26 +157,41 @@ class TantivyBackend(SearchBackend):
     def index_documents(self, documents: Iterable[Document], commit_every_pages: int = 20_000) -> None:
         """One writer for the lot; a document's deletion and pages always go into the
         same commit, so each document appears whole or not at all. Committing once
-        per batch instead of per document saves the fsyncs (about 0.1 s each)."""
+        per batch instead of per document saves the fsyncs (about 0.1 s each).
+        Vector files are written (while the writer lock is held) before the commit
+        that names them; on failure the files of the uncommitted documents go."""
         with self._write_lock:
             writer = self._writer()
+            uncommitted: list[str] = []  # vector files written since the last commit
+            live: dict[str, str | None] = {}  # doc id -> its vector file in the pending commit
             try:
                 pending = 0
                 for document in documents:
-                    self._add(writer, document)
+                    vector_meta = self._write_vectors(document)
+                    if vector_meta:
+                        uncommitted.append(vector_meta["file"])
+                    self._add(writer, document, vector_meta)
+                    live[document.doc_id] = vector_meta["file"] if vector_meta else None
                     pending += document.page_count
                     if pending >= commit_every_pages:
                         writer.commit()
+                        uncommitted = []
+                        self._drop_stale_vectors(live)
+                        live = {}
                         pending = 0
                 writer.commit()
+                uncommitted = []
+                self._drop_stale_vectors(live)
             except BaseException:
                 writer.rollback()
+                for name in uncommitted:
+                    self._remove_vector_file(name)
                 raise
             finally:
                 writer.wait_merging_threads()
         self._index.reload()
 
-    def _add(self, writer: tantivy.IndexWriter, document: Document) -> None:
+    def _add(self, writer: tantivy.IndexWriter, document: Document, vector_meta: dict | None = None) -> None:
         docs = [self._page_doc(p) for p in document.pages]
         meta = {
             "pages": document.page_count,
@@ -143,10 +199,55 @@ class TantivyBackend(SearchBackend):
             "languages": document.languages,
             "source": document.source,
         }
+        if vector_meta:
+            meta["vectors"] = vector_meta
         writer.delete_documents_by_term("doc_id", document.doc_id)
         writer.add_document(tantivy.Document(kind="doc", doc_id=document.doc_id, meta=json.dumps(meta).encode()))
         for doc in docs:
             writer.add_document(doc)
+
+    # -- vector files ----------------------------------------------------------
+    @property
+    def vectors_dir(self) -> Path:
+        return self.directory / VECTORS_DIR
+
+    def _write_vectors(self, document: Document) -> dict | None:
+        """Write the document's vectors to a new file (temp name, fsync, rename);
+        the meta that its record will carry, or None without vectors."""
+        v = document.vectors
+        if v is None:
+            return None
+        check_vectors(document)
+        self.vectors_dir.mkdir(parents=True, exist_ok=True)
+        name = f"{vector_file_key(document.doc_id)}-{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.npz"
+        tmp = self.vectors_dir / f".{name}.tmp"
+        try:
+            with open(tmp, "wb") as fh:
+                np.savez(fh, vectors=np.asarray(v.vectors, dtype=np.float16),
+                         pages=np.asarray(v.pages, dtype=np.int32),
+                         doc_id=np.array(document.doc_id), model=np.array(v.model))
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.vectors_dir / name)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return {"file": name, "model": v.model, "dim": v.dim, "rows": v.rows}
+
+    def _remove_vector_file(self, name: str) -> None:
+        try:
+            (self.vectors_dir / name).unlink(missing_ok=True)
+        except OSError:
+            pass  # never read again: no record names it
+
+    def _drop_stale_vectors(self, live: dict[str, str | None]) -> None:
+        """After a commit: remove every vector file of these documents but the live one."""
+        if not self.vectors_dir.is_dir():
+            return
+        for doc_id, keep in live.items():
+            for path in self.vectors_dir.glob(f"{vector_file_key(doc_id)}-*.npz"):
+                if path.name != keep:
+                    self._remove_vector_file(path.name)
 
     def _page_doc(self, page: Page) -> tantivy.Document:
         fields: dict = dict(
@@ -174,6 +275,7 @@ class TantivyBackend(SearchBackend):
             try:
                 writer.delete_documents_by_term("doc_id", doc_id)
                 writer.commit()
+                self._drop_stale_vectors({doc_id: None})
             finally:
                 writer.wait_merging_threads()
         self._index.reload()
@@ -270,3 +372,102 @@ class TantivyBackend(SearchBackend):
         # tantivy breaks score ties by segment order; make ties reproducible
         results.sort(key=lambda c: (-c.score, c.doc_id, c.page))
         return results
+
+    # -- dense search ----------------------------------------------------------
+    def page_vectors(self, doc_id: str) -> PageVectors | None:
+        """The stored vectors of a document (float16 as stored), None without any."""
+        meta = self._doc_record(doc_id)
+        if meta is None or not meta.get("vectors"):
+            return None
+        return self._load_vectors(doc_id, meta["vectors"])
+
+    def _load_vectors(self, doc_id: str, vmeta: dict) -> PageVectors:
+        name = vmeta["file"]
+        with self._cache_lock:
+            cached = self._vector_cache.get(name)
+            if cached is not None:
+                self._vector_cache.move_to_end(name)
+                return cached
+        path = self.vectors_dir / name
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                loaded = PageVectors(model=str(data["model"]), pages=data["pages"], vectors=data["vectors"])
+        except FileNotFoundError:
+            raise FileNotFoundError(name) from None
+        except (OSError, ValueError, KeyError) as exc:
+            raise BackendError(f"the vectors of {doc_id!r} in {path} cannot be read ({exc}): "
+                               f"index the document again") from None
+        with self._cache_lock:
+            self._vector_cache[name] = loaded
+            self._cached_rows += loaded.rows
+            while self._cached_rows > VECTOR_CACHE_ROWS and len(self._vector_cache) > 1:
+                _, old = self._vector_cache.popitem(last=False)
+                self._cached_rows -= old.rows
+        return loaded
+
+    def search_dense(self, query_vector, doc_ids: Sequence[str], top_k: int,
+                     model: str | None = None) -> list[Candidate]:
+        from evidentia.retriever.dense import page_scores
+
+        doc_ids = list(dict.fromkeys(doc_ids))
+        for attempt in range(3):
+            records = dict(self._doc_records(doc_ids))
+            missing = [d for d in doc_ids if d not in records]
+            if missing:
+                raise UnknownDocumentError(missing)
+            if not doc_ids or top_k <= 0:
+                return []
+            without = [d for d in doc_ids if not records[d].get("vectors")]
+            if without:
+                raise MissingVectorsError(without)
+            if model is not None:
+                for d in doc_ids:
+                    if records[d]["vectors"]["model"] != model:
+                        raise VectorModelError([x for x in doc_ids if records[x]["vectors"]["model"] != model],
+                                               records[d]["vectors"]["model"], model)
+            try:
+                loaded = [(d, self._load_vectors(d, records[d]["vectors"])) for d in doc_ids]
+                break
+            except FileNotFoundError:
+                # a writer replaced the document between reading its record and its file
+                if attempt == 2:
+                    raise BackendError("the page vectors kept changing during the search: try again") from None
+        q = np.asarray(query_vector, dtype=np.float32).reshape(-1)
+        scored: list[tuple[float, str, int]] = []
+        for doc_id, vectors in loaded:
+            if vectors.rows and vectors.dim != len(q):
+                raise VectorModelError([doc_id], f"{vectors.model} ({vectors.dim} dims)", f"a {len(q)}-dim query")
+            pages, scores = page_scores(q, vectors, self.dense_pooling)
+            scored.extend((float(sc), doc_id, int(p)) for p, sc in zip(pages, scores))
+        scored.sort(key=lambda t: (-t[0], t[1], t[2]))
+        best = scored[:top_k]
+        texts = self._pages_by_key([(d, p) for _, d, p in best])
+        results = []
+        for score, doc_id, page_no in best:
+            page = texts.get((doc_id, page_no))
+            if page is None:  # replaced since the record was read: leave it out
+                continue
+            results.append(Candidate(doc_id=doc_id, page=page_no, score=score, text=page.text,
+                                     language=page.language, snippet=""))
+        return results
+
+    def _pages_by_key(self, keys: Sequence[tuple[str, int]]) -> dict[tuple[str, int], Page]:
+        if not keys:
+            return {}
+        searcher = self._searcher()
+        clauses = [
+            (Occur.Should, Query.boolean_query([
+                (Occur.Must, Query.term_query(self._schema, "doc_id", d)),
+                (Occur.Must, Query.term_query(self._schema, "page", p)),
+            ]))
+            for d, p in keys
+        ]
+        query = Query.boolean_query([
+            (Occur.Must, Query.term_query(self._schema, "kind", "page")),
+            (Occur.Must, Query.boolean_query(clauses)),
+        ])
+        out = {}
+        for _, address in searcher.search(query, len(keys), count=False).hits:
+            page = self._to_page(searcher.doc(address))
+            out[(page.doc_id, page.page)] = page
+        return out

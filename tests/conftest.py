@@ -104,8 +104,10 @@ class SamplePdf:
 
 @pytest.fixture(autouse=True)
 def _isolated_data_dir(tmp_path, monkeypatch):
-    """Nothing a test runs may touch the user's ~/.evidentia."""
+    """Nothing a test runs may touch the user's ~/.evidentia. Indexing skips page
+    embeddings (seconds of CPU per run) unless a test turns them on (tests/test_dense.py)."""
     monkeypatch.setenv("EVIDENTIA_DATA_DIR", str(tmp_path / "evidentia-data"))
+    monkeypatch.setenv("EVIDENTIA_DENSE", "off")
 
 
 @pytest.fixture

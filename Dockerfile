@@ -1,0 +1,27 @@
+# The Evidentia validation API: `docker compose up` (see docker-compose.yml).
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    EVIDENTIA_DATA_DIR=/data
+
+WORKDIR /app
+
+# torch first, from the CPU wheel index: a plain `pip install` would pull the
+# multi-GB CUDA build. Its own layer, so code changes do not reinstall it.
+RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+
+COPY . .
+RUN pip install . \
+    && useradd --system --uid 10001 --home-dir /data evidentia \
+    && mkdir -p /data && chown evidentia /data
+
+USER evidentia
+VOLUME ["/data"]
+EXPOSE 8000
+
+# One process: the store, the indexing worker and the loaded models are per
+# process; requests are served by threads.
+CMD ["evidentia", "serve", "--host", "0.0.0.0", "--port", "8000"]

@@ -1,0 +1,102 @@
+"""``evidentia serve`` and ``evidentia keys``. Only typer is imported at module
+level, so `evidentia --help` stays fast; FastAPI and uvicorn load when serving."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+
+def _settings():
+    from evidentia.cli import fail
+    from evidentia.config import ConfigError, Settings
+
+    try:
+        return Settings.from_env()
+    except ConfigError as exc:
+        raise fail(str(exc))
+
+
+def serve_command(
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0 in a container)."),
+    port: int = typer.Option(8000, "--port", help="TCP port."),
+    log_level: str = typer.Option("info", "--log-level", help="critical, error, warning, info or debug."),
+):
+    """Run the validation API (HTTP, OpenAPI docs at /docs) on the configured backend."""
+    import logging
+
+    import uvicorn
+
+    from evidentia.api.app import create_app
+
+    settings = _settings()
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = create_app(settings)
+    # One process: the store, the indexing worker and the cached models are per
+    # process (and tantivy allows one writer); scale with threads, not workers.
+    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=10)
+
+
+keys_app = typer.Typer(no_args_is_help=True, help="API keys of the validation API (written to its store).")
+
+
+def _store():
+    from evidentia.api.services import store_path
+    from evidentia.api.store import Store, StoreError
+    from evidentia.cli import fail
+
+    try:
+        return Store(store_path(_settings()))
+    except StoreError as exc:
+        raise fail(str(exc), 3)
+
+
+@keys_app.command("create")
+def keys_create(tenant: str = typer.Option(..., "--tenant", help="Tenant the key acts for (created on first use)."),
+                as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")):
+    """Create an API key; the key is printed once (stdout), only its salted hash is stored."""
+    from evidentia.cli import fail
+
+    store = _store()
+    try:
+        new = store.create_key(tenant)
+    except ValueError as exc:
+        raise fail(str(exc))
+    finally:
+        store.close()
+    if as_json:
+        typer.echo(json.dumps({"key_id": new.info.key_id, "tenant": new.info.tenant, "created": new.info.created,
+                               "key": new.key}))
+    else:
+        typer.echo(f"created key {new.info.key_id} for tenant {new.info.tenant}; it is shown once:", err=True)
+        typer.echo(new.key)
+
+
+@keys_app.command("list")
+def keys_list():
+    """List key ids and tenants (never the keys)."""
+    store = _store()
+    try:
+        keys = store.list_keys()
+    finally:
+        store.close()
+    if not keys:
+        typer.echo("no API key")
+    for k in keys:
+        typer.echo(f"{k.key_id}\t{k.tenant}\t{k.created}")
+
+
+@keys_app.command("delete")
+def keys_delete(key_id: str = typer.Argument(..., help="The key id (from `evidentia keys list`).")):
+    """Revoke a key."""
+    from evidentia.cli import EXIT_BAD_INPUT, fail
+
+    store = _store()
+    try:
+        deleted = store.delete_key(key_id)
+    finally:
+        store.close()
+    if not deleted:
+        raise fail(f"unknown key id: {key_id}", EXIT_BAD_INPUT)
+    typer.echo(f"deleted key {key_id}")

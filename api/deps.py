@@ -1,0 +1,117 @@
+"""FastAPI dependencies: the app's services, the caller's tenant (API key + rate
+limit), the admin key, and running blocking work under the request timeout."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import inspect
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable, TypeVar
+
+import anyio
+from fastapi import Depends, Request
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+
+from evidentia.api.errors import ApiError
+from evidentia.api.services import Services
+from evidentia.api.store import ApiKey
+
+T = TypeVar("T")
+
+# Declared as security schemes so that OpenAPI (and /docs) show how to authenticate;
+# auto_error=False: a missing key gets our own 401, in our error shape.
+api_key_header = APIKeyHeader(name="X-API-Key", auto_error=False, description="Your API key.")
+bearer = HTTPBearer(auto_error=False, description="The same API key, as `Authorization: Bearer <key>`.")
+
+
+def get_services(request: Request) -> Services:
+    return request.app.state.services
+
+
+def _presented_key(header_key: str | None, credentials: HTTPAuthorizationCredentials | None) -> str | None:
+    if header_key:
+        return header_key.strip()
+    if credentials is not None and credentials.credentials:
+        return credentials.credentials.strip()
+    return None
+
+
+@dataclass(frozen=True)
+class Caller:
+    tenant: str
+    key_id: str
+
+
+def require_tenant(
+    services: Services = Depends(get_services),
+    header_key: str | None = Depends(api_key_header),
+    credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
+) -> Caller:
+    key = _presented_key(header_key, credentials)
+    if not key:
+        raise ApiError(401, "unauthorized", "missing API key: send it in the X-API-Key header "
+                       "(or as Authorization: Bearer <key>)", headers={"WWW-Authenticate": "Bearer"})
+    info: ApiKey | None = services.store.authenticate(key)
+    if info is None:
+        raise ApiError(401, "unauthorized", "invalid API key (revoked, mistyped or from another server)",
+                       headers={"WWW-Authenticate": "Bearer"})
+    wait = services.rate_limiter.acquire(info.key_id)
+    if wait > 0:
+        services.metrics.rate_limited.inc()
+        retry = max(1, math.ceil(wait))
+        raise ApiError(429, "rate_limited", f"rate limit of {services.settings.rate_limit_per_minute} requests "
+                       f"per minute for this key exceeded; retry in {retry} s",
+                       {"retry_after_s": retry, "limit_per_minute": services.settings.rate_limit_per_minute},
+                       headers={"Retry-After": str(retry)})
+    return Caller(tenant=info.tenant, key_id=info.key_id)
+
+
+def require_admin(
+    services: Services = Depends(get_services),
+    header_key: str | None = Depends(api_key_header),
+    credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
+) -> None:
+    admin_key = services.settings.admin_key
+    if not admin_key:
+        raise ApiError(403, "admin_disabled", "the admin API is disabled: set EVIDENTIA_ADMIN_KEY on the server "
+                       "(or create keys with `evidentia keys create --tenant T`)")
+    key = _presented_key(header_key, credentials)
+    if not key or not hmac.compare_digest(key.encode(), admin_key.encode()):
+        raise ApiError(401, "unauthorized", "missing or invalid admin key (EVIDENTIA_ADMIN_KEY)",
+                       headers={"WWW-Authenticate": "Bearer"})
+
+
+def require_backend(services: Services):
+    if services.backend is None:
+        raise ApiError(503, "not_ready", "the search index is not open yet; see GET /ready",
+                       {"checks": dict(services.checks)}, headers={"Retry-After": "2"})
+    return services.backend
+
+
+async def run_blocking(services: Services, fn: Callable[..., T], *args, timeout: float | None = None) -> T:
+    """Run ``fn`` in a worker thread, answering 504 when it takes longer than the
+    request timeout. The thread is abandoned, not killed: ``fn`` must write
+    nothing that a timed-out request must not leave behind (callers store
+    results after this returns)."""
+    limit = services.settings.request_timeout_s if timeout is None else timeout
+    try:
+        return await asyncio.wait_for(_to_thread(lambda: fn(*args)), limit)
+    except (asyncio.TimeoutError, TimeoutError):
+        raise ApiError(504, "timeout", f"the request took longer than {limit:g} s (EVIDENTIA_REQUEST_TIMEOUT_S); "
+                       f"retry later, or with fewer documents or a smaller top_k", {"timeout_s": limit}) from None
+
+
+# anyio < 4.1 calls it `cancellable`: either way, a cancelled wait returns at once
+_ABANDON = ("abandon_on_cancel" if "abandon_on_cancel" in inspect.signature(anyio.to_thread.run_sync).parameters
+            else "cancellable")
+
+
+async def _to_thread(fn: Callable[[], T]) -> T:
+    return await anyio.to_thread.run_sync(fn, **{_ABANDON: True})
+
+
+def deadline(services: Services) -> float:
+    return time.monotonic() + services.settings.request_timeout_s

@@ -1,0 +1,110 @@
+"""One error shape for everything: ``{"error": {"code", "message", "details"}}``,
+for the API's own errors, FastAPI's validation errors, unknown routes and crashes."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from evidentia.api.schemas import ErrorResponse
+
+log = logging.getLogger("evidentia.api")
+
+DEFAULT_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    413: "too_large",
+    415: "unsupported_media_type",
+    422: "validation_error",
+    429: "rate_limited",
+    500: "internal_error",
+    503: "unavailable",
+    504: "timeout",
+}
+
+DESCRIPTIONS = {
+    400: "Malformed request (invalid JSON, unreadable or empty upload).",
+    401: "Missing or invalid API key (X-API-Key header or Authorization: Bearer).",
+    403: "Forbidden (the admin API is disabled).",
+    404: "No such resource for your tenant.",
+    409: "A document is not ready (still indexing, or failed), or is gone.",
+    413: "Upload too large (bytes or pages).",
+    415: "The upload is not a PDF.",
+    422: "A field is missing, has the wrong type or is outside its limits.",
+    429: "Rate limit of your API key exceeded; retry after Retry-After seconds.",
+    503: "Not ready yet, or the search engine / reranker is unavailable.",
+    504: "The request took longer than EVIDENTIA_REQUEST_TIMEOUT_S.",
+}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str, details: Any = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.details = details
+        self.headers = headers
+
+
+def error_content(code: str, message: str, details: Any = None) -> dict:
+    return {"error": {"code": code, "message": message, "details": details}}
+
+
+def error_response(status: int, code: str, message: str, details: Any = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_content(code, message, details), status_code=status, headers=headers)
+
+
+def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses=`` entry documenting the given error statuses."""
+    return {c: {"model": ErrorResponse, "description": DESCRIPTIONS[c]} for c in codes}
+
+
+def _loc(loc) -> str:
+    return ".".join(str(p) for p in loc)
+
+
+def install_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return error_response(exc.status, exc.code, exc.message, exc.details, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        raw = exc.errors()
+        details = [{"loc": list(e.get("loc", ())), "message": e.get("msg", ""), "type": e.get("type", "")}
+                   for e in raw]
+        if any(e.get("type") == "json_invalid" for e in raw):
+            return error_response(400, "invalid_json", "the request body is not valid JSON", details)
+        parts = [f"{_loc(d['loc'])}: {d['message']}" for d in details[:3]]
+        more = f" (and {len(details) - 3} more)" if len(details) > 3 else ""
+        return error_response(422, "validation_error", "; ".join(parts) + more, details)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = DEFAULT_CODES.get(exc.status_code, "error")
+        message = exc.detail if isinstance(exc.detail, str) else code
+        if exc.status_code == 404 and message == "Not Found":
+            message = f"no such endpoint: {request.method} {request.url.path} (see /docs)"
+        elif exc.status_code == 405:
+            message = f"method {request.method} not allowed on {request.url.path}"
+        elif exc.status_code == 400 and message == "There was an error parsing the body":
+            message = "the request body cannot be parsed (send multipart/form-data or JSON as documented)"
+        return error_response(exc.status_code, code, message, getattr(exc, "details", None),
+                              getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _crash(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return error_response(500, "internal_error", "internal error; the server log has the details")

@@ -1,0 +1,1 @@
+"""One router per concern: documents, validate, feedback, admin, health."""

@@ -1,0 +1,263 @@
+"""Upload, list, inspect, delete documents; page text and page images."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import uuid
+from pathlib import Path
+
+from fastapi import APIRouter, Depends, File, Form, Path as PathParam, Query, Response, UploadFile
+from fastapi.concurrency import run_in_threadpool
+
+from evidentia.api.deps import Caller, get_services, require_backend, require_tenant, run_blocking
+from evidentia.api.errors import ApiError, errors
+from evidentia.api.indexing import internal_id
+from evidentia.api.schemas import DocumentAccepted, DocumentList, DocumentOut, PageOut
+from evidentia.api.services import Services
+from evidentia.api.store import DOCUMENT_ID_RE, DocumentRow
+from evidentia.retriever.base import BackendError
+
+log = logging.getLogger("evidentia.api")
+
+router = APIRouter(prefix="/v1/documents", tags=["documents"])
+
+CHUNK = 1 << 20
+PNG_MIN_WIDTH, PNG_MAX_WIDTH = 50, 2000
+PNG_MAX_HEIGHT = 6000  # a strip-shaped page must not become a huge image
+
+DocumentId = PathParam(..., description="Your document id.", examples=["acme-2023"])
+
+
+def to_out(row: DocumentRow) -> DocumentOut:
+    return DocumentOut(document_id=row.document_id, status=row.status, reason=row.reason, filename=row.filename,
+                       size_bytes=row.size_bytes, pages=row.pages, empty_pages=row.empty_pages,
+                       languages=row.languages, created=row.created, updated=row.updated)
+
+
+def find_document(services: Services, caller: Caller, document_id: str) -> DocumentRow:
+    """The caller's document, or 404: another tenant's document is 'not found' too,
+    so existence never leaks across tenants."""
+    row = services.store.get_document(caller.tenant, document_id)
+    if row is None:
+        raise ApiError(404, "document_not_found", f"no document {document_id!r}; GET /v1/documents lists yours",
+                       {"document_id": document_id})
+    return row
+
+
+def require_ready(row: DocumentRow) -> None:
+    if row.status != "ready":
+        raise ApiError(409, "document_not_ready", not_ready_message(row),
+                       {"document_id": row.document_id, "status": row.status, "reason": row.reason})
+
+
+def not_ready_message(row: DocumentRow) -> str:
+    if row.status == "failed":
+        return f"document {row.document_id} failed: {row.reason}"
+    return f"document {row.document_id} is still indexing ({row.status}); poll GET /v1/documents/{row.document_id}"
+
+
+def default_document_id(filename: str | None) -> str:
+    stem = Path(filename or "").stem
+    cleaned = re.sub(r"[^A-Za-z0-9_.-]+", "-", stem).strip("-._")[:128]
+    return cleaned
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _count_pages(path: Path) -> int | None:
+    """Page count if PyMuPDF opens the file; None when it cannot (the indexing
+    worker then reports the precise reason as the document's failure)."""
+    import pymupdf
+
+    try:
+        with pymupdf.open(path, filetype="pdf") as doc:
+            return None if doc.needs_pass else doc.page_count
+    except Exception:
+        return None
+
+
+def _accept_upload(services: Services, caller: Caller, upload: UploadFile, document_id: str | None) -> DocumentRow:
+    settings = services.settings
+    if document_id is not None and document_id != "":
+        if not DOCUMENT_ID_RE.match(document_id):
+            raise ApiError(422, "validation_error", f"document_id {document_id!r}: use 1-128 letters, digits, '.', "
+                           f"'_' or '-', starting with a letter or digit",
+                           [{"loc": ["body", "document_id"], "message": "invalid document id", "type": "value_error"}])
+    else:
+        document_id = default_document_id(upload.filename)
+        if not document_id or not DOCUMENT_ID_RE.match(document_id):
+            raise ApiError(422, "validation_error", "cannot derive a document id from the file name; send the "
+                           "form field document_id",
+                           [{"loc": ["body", "document_id"], "message": "required", "type": "missing"}])
+    tenant_dir = services.uploads / caller.tenant
+    tenant_dir.mkdir(parents=True, exist_ok=True)
+    generation = uuid.uuid4().hex
+    tmp = tenant_dir / f".tmp-{generation}.pdf"
+    final_dir = tenant_dir / generation
+    size = 0
+    try:
+        with open(tmp, "wb") as out:
+            upload.file.seek(0)
+            while chunk := upload.file.read(CHUNK):
+                size += len(chunk)
+                if size > settings.max_upload_bytes:
+                    raise ApiError(413, "file_too_large", f"the file is over the upload limit of "
+                                   f"{settings.max_upload_bytes} bytes (EVIDENTIA_MAX_UPLOAD_BYTES)",
+                                   {"max_bytes": settings.max_upload_bytes})
+                out.write(chunk)
+            out.flush()
+            os.fsync(out.fileno())
+        if size == 0:
+            raise ApiError(400, "empty_file", "the uploaded file is empty")
+        with open(tmp, "rb") as fh:
+            head = fh.read(1024)
+        if b"%PDF-" not in head:
+            raise ApiError(415, "not_a_pdf", f"{upload.filename or 'the upload'} is not a PDF (no %PDF- header); "
+                           f"only PDF files can be indexed", {"content_type": upload.content_type})
+        pages = _count_pages(tmp)
+        if pages is not None and pages > settings.max_pages:
+            raise ApiError(413, "too_many_pages", f"the PDF has {pages} pages, over the limit of {settings.max_pages} "
+                           f"(EVIDENTIA_MAX_PAGES); split it into several documents",
+                           {"pages": pages, "max_pages": settings.max_pages})
+        final_dir.mkdir()
+        final = final_dir / f"{document_id}.pdf"
+        os.replace(tmp, final)
+        _fsync_dir(final_dir)
+        _fsync_dir(tenant_dir)
+        row, old = services.store.put_document(caller.tenant, document_id, upload.filename or final.name, size,
+                                               str(final), generation)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        shutil.rmtree(final_dir, ignore_errors=True)
+        raise
+    if old is not None and Path(old.file_path).parent != final_dir:
+        shutil.rmtree(Path(old.file_path).parent, ignore_errors=True)
+    services.worker.submit(caller.tenant, document_id, generation)
+    return row
+
+
+@router.post(
+    "", status_code=202, response_model=DocumentAccepted, summary="Upload a PDF for indexing",
+    description="Stores the PDF and answers at once; indexing runs in the background. Poll "
+                "GET /v1/documents/{document_id} until `status` is `ready` (or `failed`, with a `reason`). "
+                "Uploading an id again replaces the document.",
+    responses=errors(400, 401, 413, 415, 422, 429),
+)
+async def upload_document(
+    response: Response,
+    file: UploadFile = File(..., description="The PDF."),
+    document_id: str | None = Form(None, description="Id for the document (default: the file name's stem)."),
+    caller: Caller = Depends(require_tenant),
+    services: Services = Depends(get_services),
+) -> DocumentAccepted:
+    row = await run_in_threadpool(_accept_upload, services, caller, file, document_id)
+    response.headers["Location"] = f"/v1/documents/{row.document_id}"
+    return DocumentAccepted(document_id=row.document_id, status="queued")
+
+
+@router.get("", response_model=DocumentList, summary="List your documents", responses=errors(401, 429))
+def list_documents(caller: Caller = Depends(require_tenant),
+                   services: Services = Depends(get_services)) -> DocumentList:
+    return DocumentList(documents=[to_out(r) for r in services.store.list_documents(caller.tenant)])
+
+
+@router.get("/{document_id}", response_model=DocumentOut, summary="A document's status and page statistics",
+            responses=errors(401, 404, 429))
+def get_document(document_id: str = DocumentId, caller: Caller = Depends(require_tenant),
+                 services: Services = Depends(get_services)) -> DocumentOut:
+    return to_out(find_document(services, caller, document_id))
+
+
+@router.delete("/{document_id}", status_code=204, response_class=Response,
+               summary="Delete a document from the index, the store and the disk",
+               responses=errors(401, 404, 429, 503))
+def delete_document(document_id: str = DocumentId, caller: Caller = Depends(require_tenant),
+                    services: Services = Depends(get_services)) -> Response:
+    backend = require_backend(services)
+    with services.doc_lock:  # never interleaves with the indexing worker's write
+        row = services.store.delete_document(caller.tenant, document_id)
+        if row is None:
+            raise ApiError(404, "document_not_found", f"no document {document_id!r}; GET /v1/documents lists yours",
+                           {"document_id": document_id})
+        try:
+            backend.delete_document(internal_id(caller.tenant, document_id))
+        except BackendError as exc:
+            # the document is gone for the tenant; the orphan pages are swept at the next start
+            log.warning("deleted %s:%s from the store but not from the index: %s", caller.tenant, document_id, exc)
+    shutil.rmtree(Path(row.file_path).parent, ignore_errors=True)
+    return Response(status_code=204)
+
+
+def _page_number(row: DocumentRow, page: int) -> None:
+    require_ready(row)
+    if not 1 <= page <= (row.pages or 0):
+        raise ApiError(404, "page_not_found", f"document {row.document_id} has pages 1 to {row.pages}, not {page}",
+                       {"document_id": row.document_id, "page": page, "pages": row.pages})
+
+
+def _render_png(path: str, page: int, width: int) -> bytes:
+    import pymupdf
+
+    with pymupdf.open(path, filetype="pdf") as doc:
+        p = doc.load_page(page - 1)
+        rect = p.rect
+        zoom = width / rect.width if rect.width else 1.0
+        if rect.height * zoom > PNG_MAX_HEIGHT:
+            zoom = PNG_MAX_HEIGHT / rect.height
+        return p.get_pixmap(matrix=pymupdf.Matrix(zoom, zoom), alpha=False).tobytes("png")
+
+
+# Declared before the text route: "/pages/3.png" must not reach "/pages/{page}".
+@router.get(
+    "/{document_id}/pages/{page}.png", summary="A page rendered as PNG",
+    response_class=Response,
+    responses={200: {"content": {"image/png": {}}, "description": "The page as a PNG image."},
+               **errors(401, 404, 409, 422, 429, 504)},
+)
+async def page_png(
+    document_id: str = DocumentId,
+    page: int = PathParam(..., ge=1, description="1-based page number."),
+    width: int = Query(800, ge=PNG_MIN_WIDTH, le=PNG_MAX_WIDTH, description="Image width in pixels."),
+    caller: Caller = Depends(require_tenant),
+    services: Services = Depends(get_services),
+) -> Response:
+    row = await run_in_threadpool(find_document, services, caller, document_id)
+    _page_number(row, page)
+    png = await run_blocking(services, _render_png, row.file_path, page, width)
+    return Response(content=png, media_type="image/png", headers={"Cache-Control": "private, max-age=3600"})
+
+
+@router.get("/{document_id}/pages/{page}", response_model=PageOut, summary="A page's text and language",
+            responses=errors(401, 404, 409, 422, 429, 503, 504))
+async def page_text(
+    document_id: str = DocumentId,
+    page: int = PathParam(..., ge=1, description="1-based page number."),
+    caller: Caller = Depends(require_tenant),
+    services: Services = Depends(get_services),
+) -> PageOut:
+    row = await run_in_threadpool(find_document, services, caller, document_id)
+    _page_number(row, page)
+    backend = require_backend(services)
+    try:
+        found = await run_blocking(services, backend.get_page, internal_id(caller.tenant, document_id), page)
+    except BackendError as exc:
+        raise ApiError(503, "backend_unavailable", f"search engine error: {exc}") from None
+    if found is None:
+        raise ApiError(409, "document_gone", f"page {page} of {document_id} is not in the index; upload the "
+                       f"document again", {"document_id": document_id, "page": page})
+    return PageOut(document_id=document_id, page=page, text=found.text, language=found.language,
+                   char_count=found.char_count)

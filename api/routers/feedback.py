@@ -1,0 +1,75 @@
+"""Analysts' judgements on returned pages, and their export as training records."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import StreamingResponse
+
+from evidentia.api.deps import Caller, get_services, require_backend, require_tenant, run_blocking
+from evidentia.api.errors import ApiError, errors
+from evidentia.api.indexing import internal_id
+from evidentia.api.schemas import FeedbackOut, FeedbackRequest
+from evidentia.api.services import Services
+from evidentia.retriever.base import BackendError
+from evidentia.training.dataset import TrainingRecord
+
+router = APIRouter(prefix="/v1/feedback", tags=["feedback"])
+
+
+def _check(services: Services, caller: Caller, body: FeedbackRequest):
+    validation = services.store.get_validation(caller.tenant, body.validation_id)
+    if validation is None:
+        raise ApiError(404, "validation_not_found", f"no validation {body.validation_id!r} (it is the "
+                       f"validation_id POST /v1/validate answered)", {"validation_id": body.validation_id})
+    returned = {(p["document_id"], p["page"]) for p in validation.pages}
+    if (body.document_id, body.page) not in returned:
+        raise ApiError(422, "page_not_in_validation", f"page {body.page} of {body.document_id} was not among the "
+                       f"pages validation {body.validation_id} returned; give feedback on those only",
+                       {"returned": [{"document_id": d, "page": p} for d, p in sorted(returned)]})
+    return validation
+
+
+@router.post(
+    "", status_code=201, response_model=FeedbackOut, summary="Record whether a returned page supports the answer",
+    description="Answers 201 once the judgement is committed to disk. One judgement per (validation, page, "
+                "analyst): sending it again replaces it. The page's text is kept with it, so the export "
+                "stays valid if the document is later uploaded again.",
+    responses=errors(400, 401, 404, 409, 422, 429, 503),
+)
+async def post_feedback(body: FeedbackRequest, caller: Caller = Depends(require_tenant),
+                        services: Services = Depends(get_services)) -> FeedbackOut:
+    await run_in_threadpool(_check, services, caller, body)
+    backend = require_backend(services)
+    try:
+        page = await run_blocking(services, backend.get_page, internal_id(caller.tenant, body.document_id), body.page)
+    except BackendError as exc:
+        raise ApiError(503, "backend_unavailable", f"search engine error: {exc}") from None
+    if page is None:
+        raise ApiError(409, "document_gone", f"document {body.document_id} was deleted or replaced since the "
+                       f"validation; its page {body.page} is no longer indexed",
+                       {"document_id": body.document_id, "page": body.page})
+    row = await run_in_threadpool(services.store.add_feedback, caller.tenant, body.validation_id, body.document_id,
+                                  body.page, body.relevant, (body.analyst or "").strip(), page.text)
+    return FeedbackOut(feedback_id=row.id, validation_id=row.validation_id, document_id=row.document_id,
+                       page=row.page, relevant=row.relevant, analyst=row.analyst or None, created=row.created)
+
+
+@router.get(
+    "/export", summary="Export your feedback as JSONL training records",
+    description="One JSON object per line, in the format of `evidentia train` (training/dataset.py): "
+                "`question`, `answer`, `page_text`, `relevance` (0|1), `doc_id`, `page`, `source` = `feedback`.",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"application/x-ndjson": {}}, "description": "JSONL training records."},
+               **errors(401, 429)},
+)
+def export_feedback(caller: Caller = Depends(require_tenant),
+                    services: Services = Depends(get_services)) -> StreamingResponse:
+    def lines():
+        for f in services.store.iter_feedback(caller.tenant):
+            record = TrainingRecord(question=f.question, answer=f.answer, page_text=f.page_text,
+                                    relevance=int(f.relevant), doc_id=f.document_id, page=f.page, source="feedback")
+            yield record.to_json() + "\n"
+
+    return StreamingResponse(lines(), media_type="application/x-ndjson",
+                             headers={"Content-Disposition": f'attachment; filename="feedback-{caller.tenant}.jsonl"'})

@@ -1,0 +1,129 @@
+"""POST /v1/validate: question + answer + documents -> supporting pages."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from fastapi import APIRouter, Depends
+from fastapi.concurrency import run_in_threadpool
+
+from evidentia.api.deps import Caller, deadline, get_services, require_backend, require_tenant, run_blocking
+from evidentia.api.errors import ApiError, errors
+from evidentia.api.indexing import internal_id, split_internal_id
+from evidentia.api.routers.documents import not_ready_message
+from evidentia.api.schemas import ValidatedPage, ValidateRequest, ValidateResponse
+from evidentia.api.services import Services, default_threshold, model_version
+from evidentia.api.store import ValidationRow, now
+from evidentia.config import ConfigError
+from evidentia.pipeline import Pipeline
+from evidentia.reranker.registry import reranker_names
+from evidentia.retriever.base import BackendError, UnknownDocumentError
+
+router = APIRouter(tags=["validation"])
+
+
+def _limits(services: Services, body: ValidateRequest) -> tuple[list[str], int, str]:
+    """Checks the limits that depend on settings (the static ones are in the schema)."""
+    s = services.settings
+    problems: list[dict] = []
+
+    def problem(field: str, message: str) -> None:
+        problems.append({"loc": ["body", field], "message": message, "type": "value_error"})
+
+    if not body.question.strip():
+        problem("question", "must not be blank")
+    if len(body.question) > s.max_question_chars:
+        problem("question", f"at most {s.max_question_chars} characters (got {len(body.question)})")
+    if len(body.answer) > s.max_answer_chars:
+        problem("answer", f"at most {s.max_answer_chars} characters (got {len(body.answer)})")
+    document_ids = list(dict.fromkeys(body.document_ids))
+    if len(document_ids) > s.max_documents_per_validation:
+        problem("document_ids", f"at most {s.max_documents_per_validation} documents per validation "
+                f"(got {len(document_ids)})")
+    top_k = body.top_k if body.top_k is not None else s.pool_size
+    if top_k > s.max_top_k:
+        problem("top_k", f"at most {s.max_top_k} (got {top_k})")
+    name = (body.reranker or s.default_reranker).strip().lower()
+    if name not in reranker_names():
+        problem("reranker", f"unknown reranker {name!r}; choose one of {', '.join(reranker_names())}")
+    elif body.threshold is not None and name == "none":
+        problem("threshold", "a threshold needs a reranker that outputs probabilities (e.g. classifier)")
+    if problems:
+        raise ApiError(422, "validation_error", "; ".join(f"{'.'.join(p['loc'])}: {p['message']}" for p in problems),
+                       problems)
+    return document_ids, top_k, name
+
+
+@router.post(
+    "/v1/validate", response_model=ValidateResponse, summary="Find the pages that support an answer",
+    description="Retrieves a candidate pool of `top_k` pages (BM25) from the given documents, then reranks it. "
+                "Every document must be yours and `ready`. The `validation_id` of the answer is what "
+                "POST /v1/feedback refers to.",
+    responses=errors(400, 401, 404, 409, 422, 429, 503, 504),
+)
+async def validate(body: ValidateRequest, caller: Caller = Depends(require_tenant),
+                   services: Services = Depends(get_services)) -> ValidateResponse:
+    document_ids, top_k, name = _limits(services, body)
+    rows = await run_in_threadpool(services.store.get_documents, caller.tenant, document_ids)
+    missing = [d for d in document_ids if d not in rows]
+    if missing:
+        raise ApiError(404, "document_not_found", f"no document {', '.join(missing)}; GET /v1/documents lists yours",
+                       {"document_ids": missing})
+    not_ready = [rows[d] for d in document_ids if rows[d].status != "ready"]
+    if not_ready:
+        raise ApiError(409, "document_not_ready", "; ".join(not_ready_message(r) for r in not_ready),
+                       [{"document_id": r.document_id, "status": r.status, "reason": r.reason} for r in not_ready])
+    backend = require_backend(services)
+    threshold = default_threshold(services.settings, name, body.threshold)
+    until = deadline(services)
+    question, answer = body.question.strip(), body.answer.strip()
+
+    def work():
+        t0 = time.perf_counter()
+        try:
+            reranker = services.rerankers.get(name, threshold)
+        except ConfigError as exc:
+            raise ApiError(503, "reranker_unavailable", f"reranker {name!r} cannot be loaded: {exc}") from None
+        t1 = time.perf_counter()
+        pipeline = Pipeline(backend, services.detector, reranker, pool_size=top_k)
+        with services.rerankers.gate(name, until) as waited:
+            if time.monotonic() > until:
+                raise TimeoutError
+            result = pipeline.run(question, answer, [internal_id(caller.tenant, d) for d in document_ids])
+        timings = {"load": (t1 - t0) * 1000, "queue": waited * 1000, **result.timings_ms,
+                   "total": (time.perf_counter() - t0) * 1000}
+        return reranker, result, timings
+
+    try:
+        reranker, result, timings = await run_blocking(services, work)
+    except UnknownDocumentError as exc:
+        gone = [(split_internal_id(d) or ("", d))[1] for d in exc.doc_ids]
+        raise ApiError(409, "document_gone", f"document(s) {', '.join(gone)} are missing from the search index; "
+                       f"upload them again", {"document_ids": gone}) from None
+    except BackendError as exc:
+        raise ApiError(503, "backend_unavailable", f"search engine error: {exc}") from None
+
+    pages = [
+        ValidatedPage(document_id=(split_internal_id(p.doc_id) or ("", p.doc_id))[1], page=p.page,
+                      score=round(p.score, 6),
+                      probability=None if p.probability is None else round(p.probability, 6), snippet=p.snippet)
+        for p in result.pages
+    ]
+    version = model_version(reranker)
+    validation = ValidationRow(
+        validation_id=f"val_{uuid.uuid4().hex}", tenant=caller.tenant, question=question, answer=answer,
+        document_ids=document_ids, reranker=result.reranker, threshold=threshold, top_k=top_k,
+        pages=[{"document_id": p.document_id, "page": p.page, "score": p.score, "probability": p.probability}
+               for p in pages],
+        model_version=version, fallback_reason=result.fallback_reason, created=now(),
+    )
+    await run_in_threadpool(services.store.add_validation, validation)
+    m = services.metrics
+    m.validations.labels(result.reranker).inc()
+    m.validation_seconds.labels(result.reranker).observe(timings["total"] / 1000)
+    if result.fallback_reason:
+        m.fallbacks.labels(result.reranker).inc()
+    return ValidateResponse(validation_id=validation.validation_id, pages=pages, reranker=result.reranker,
+                            fallback_reason=result.fallback_reason,
+                            timings_ms={k: round(v, 2) for k, v in timings.items()}, model_version=version)

@@ -1,0 +1,149 @@
+"""Request and response models of the validation API (they are its OpenAPI schema)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from evidentia.reranker.registry import reranker_names
+
+Status = Literal["queued", "indexing", "ready", "failed"]
+
+
+class ErrorDetail(BaseModel):
+    code: str = Field(..., description="Stable machine-readable code, e.g. `not_found`, `rate_limited`.",
+                      examples=["document_not_ready"])
+    message: str = Field(..., description="What went wrong and what to do about it, for a person.",
+                         examples=["document acme-2023 is still indexing; poll GET /v1/documents/acme-2023"])
+    details: Any = Field(None, description="Structured context (offending fields, limits, document ids), or null.")
+
+
+class ErrorResponse(BaseModel):
+    """Every error of the API has this one shape."""
+
+    error: ErrorDetail
+
+
+# -- documents ----------------------------------------------------------------
+class DocumentAccepted(BaseModel):
+    document_id: str
+    status: Status = Field(..., examples=["queued"])
+
+
+class DocumentOut(BaseModel):
+    document_id: str
+    status: Status
+    reason: str | None = Field(None, description="Why indexing failed (status `failed`), else null.")
+    filename: str = Field(..., description="Name of the uploaded file.")
+    size_bytes: int
+    pages: int | None = Field(None, description="Page count, once indexed.")
+    empty_pages: int | None = Field(None, description="Pages without extractable text (scans, blank pages).")
+    languages: dict[str, int] = Field(default_factory=dict, description="Detected language -> number of pages.")
+    created: str
+    updated: str
+
+
+class DocumentList(BaseModel):
+    documents: list[DocumentOut]
+
+
+class PageOut(BaseModel):
+    document_id: str
+    page: int = Field(..., description="1-based page number.")
+    text: str = Field(..., description="The page's cleaned text, as searched and reranked.")
+    language: str | None = Field(None, description="ISO 639-1 code; null for empty or very short pages.")
+    char_count: int
+
+
+# -- validation ---------------------------------------------------------------
+class ValidateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    question: str = Field(..., min_length=1, description="The questionnaire question (EVIDENTIA_MAX_QUESTION_CHARS, "
+                          "default 2000 characters at most).",
+                          examples=["What were the company's Scope 1 and 2 greenhouse gas emissions in 2023?"])
+    answer: str = Field("", description="The supplier's answer (EVIDENTIA_MAX_ANSWER_CHARS, default 5000 "
+                        "characters at most).", examples=["12450 tCO2e, down 12.5% on 2022."])
+    document_ids: list[str] = Field(..., min_length=1, description="Documents to search (yours, status `ready`; "
+                                    "EVIDENTIA_MAX_DOCUMENTS_PER_VALIDATION, default 20 at most).",
+                                    examples=[["acme-2023"]])
+    top_k: int | None = Field(None, ge=1, description="Candidate pool handed to the reranker, and the number of "
+                              "pages returned by `none` (default EVIDENTIA_POOL_SIZE; EVIDENTIA_MAX_TOP_K, "
+                              "default 100 at most).")
+    reranker: str | None = Field(None, description=f"One of {', '.join(reranker_names())} "
+                                 "(default EVIDENTIA_DEFAULT_RERANKER).", examples=["none"])
+    threshold: float | None = Field(None, ge=0.0, le=1.0, description="Rerankers with probabilities (classifier): "
+                                    "drop pages below this probability (default EVIDENTIA_CLASSIFIER_THRESHOLD).")
+
+
+class ValidatedPage(BaseModel):
+    document_id: str
+    page: int
+    score: float = Field(..., description="Rank score (BM25 for `none`, the probability for the classifier).")
+    probability: float | None = Field(None, description="Calibrated relevance probability, if the reranker has one.")
+    snippet: str
+
+
+class ValidateResponse(BaseModel):
+    validation_id: str = Field(..., description="Quote it in POST /v1/feedback.")
+    pages: list[ValidatedPage] = Field(..., description="Supporting pages, best first.")
+    reranker: str
+    fallback_reason: str | None = Field(None, description="Set when the reranker failed and the first-stage order "
+                                        "was returned instead.")
+    timings_ms: dict[str, float]
+    model_version: str | None = Field(None, description="Identifies the classifier model (name@created+data hash); "
+                                      "null for other rerankers.")
+
+
+# -- feedback -----------------------------------------------------------------
+class FeedbackRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    validation_id: str
+    document_id: str
+    page: int = Field(..., ge=1)
+    relevant: bool = Field(..., description="Does this page support the answer?")
+    analyst: str | None = Field(None, max_length=200, description="Who judged (free text, e.g. an e-mail).")
+
+
+class FeedbackOut(BaseModel):
+    feedback_id: int
+    validation_id: str
+    document_id: str
+    page: int
+    relevant: bool
+    analyst: str | None
+    created: str
+
+
+# -- admin --------------------------------------------------------------------
+class KeyCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tenant: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", examples=["acme"],
+                        description="1-64 letters, digits, '.', '_' or '-'; created on first use.")
+
+
+class KeyInfo(BaseModel):
+    key_id: str
+    tenant: str
+    created: str
+
+
+class KeyCreated(KeyInfo):
+    key: str = Field(..., description="The API key. Shown this once: only its salted hash is stored.")
+
+
+class KeyList(BaseModel):
+    keys: list[KeyInfo]
+
+
+# -- health -------------------------------------------------------------------
+class Health(BaseModel):
+    status: Literal["ok"] = "ok"
+
+
+class Ready(BaseModel):
+    status: Literal["ready"] = "ready"
+    checks: dict[str, str]

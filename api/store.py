@@ -1,0 +1,424 @@
+"""The API's durable state: tenants, API keys, documents, validations, feedback.
+
+SQLite in WAL mode with ``synchronous=FULL``: once a write method returns, the
+row is in the write-ahead log on disk and survives a crash of the process or of
+the machine, so an acknowledged request (201, 202) is never lost. One
+connection per store, guarded by a lock: every statement is short, and the
+heavy work (PDF parsing, search, reranking) happens outside it.
+
+API keys are never stored in clear: a key reads ``evk_<key_id>_<secret>``; the
+store keeps the key id, a random per-key salt and ``sha256(salt + secret)``,
+and checks a presented key in constant time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import re
+import secrets
+import sqlite3
+import threading
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+SCHEMA_VERSION = 1
+
+TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+DOCUMENT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+KEY_PREFIX = "evk_"
+
+STATUSES = ("queued", "indexing", "ready", "failed")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS tenants (
+    name TEXT PRIMARY KEY,
+    created TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS api_keys (
+    key_id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL REFERENCES tenants(name),
+    salt TEXT NOT NULL,
+    key_hash TEXT NOT NULL,
+    created TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS documents (
+    tenant TEXT NOT NULL REFERENCES tenants(name),
+    document_id TEXT NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ('queued', 'indexing', 'ready', 'failed')),
+    reason TEXT,
+    pages INTEGER,
+    empty_pages INTEGER,
+    languages TEXT NOT NULL DEFAULT '{}',
+    filename TEXT NOT NULL,
+    size_bytes INTEGER NOT NULL,
+    file_path TEXT NOT NULL,
+    generation TEXT NOT NULL,
+    created TEXT NOT NULL,
+    updated TEXT NOT NULL,
+    PRIMARY KEY (tenant, document_id)
+);
+CREATE TABLE IF NOT EXISTS validations (
+    validation_id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL REFERENCES tenants(name),
+    question TEXT NOT NULL,
+    answer TEXT NOT NULL,
+    document_ids TEXT NOT NULL,
+    reranker TEXT NOT NULL,
+    threshold REAL,
+    top_k INTEGER NOT NULL,
+    pages TEXT NOT NULL,
+    model_version TEXT,
+    fallback_reason TEXT,
+    created TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS validations_tenant ON validations (tenant, created);
+CREATE TABLE IF NOT EXISTS feedback (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    validation_id TEXT NOT NULL REFERENCES validations(validation_id),
+    tenant TEXT NOT NULL REFERENCES tenants(name),
+    document_id TEXT NOT NULL,
+    page INTEGER NOT NULL,
+    relevant INTEGER NOT NULL CHECK (relevant IN (0, 1)),
+    analyst TEXT NOT NULL DEFAULT '',
+    page_text TEXT NOT NULL,
+    created TEXT NOT NULL,
+    UNIQUE (validation_id, document_id, page, analyst)
+);
+CREATE INDEX IF NOT EXISTS feedback_tenant ON feedback (tenant, id);
+"""
+
+
+class StoreError(RuntimeError):
+    """The store cannot be opened or has another schema version."""
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def hash_secret(salt: str, secret: str) -> str:
+    return hashlib.sha256((salt + secret).encode("utf-8")).hexdigest()
+
+
+def split_key(key: str) -> tuple[str, str] | None:
+    """``evk_<key_id>_<secret>`` -> (key_id, secret), or None for anything else."""
+    if not key.startswith(KEY_PREFIX):
+        return None
+    key_id, sep, secret = key[len(KEY_PREFIX):].partition("_")
+    if not sep or not key_id or not secret:
+        return None
+    return key_id, secret
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    key_id: str
+    tenant: str
+    created: str
+
+
+@dataclass(frozen=True)
+class NewKey:
+    key: str  # shown once, never stored
+    info: ApiKey
+
+
+@dataclass(frozen=True)
+class DocumentRow:
+    tenant: str
+    document_id: str
+    status: str
+    reason: str | None
+    pages: int | None
+    empty_pages: int | None
+    languages: dict[str, int]
+    filename: str
+    size_bytes: int
+    file_path: str
+    generation: str
+    created: str
+    updated: str
+
+
+@dataclass(frozen=True)
+class ValidationRow:
+    validation_id: str
+    tenant: str
+    question: str
+    answer: str
+    document_ids: list[str]
+    reranker: str
+    threshold: float | None
+    top_k: int
+    pages: list[dict[str, Any]]
+    model_version: str | None
+    fallback_reason: str | None
+    created: str
+
+
+@dataclass(frozen=True)
+class FeedbackRow:
+    id: int
+    validation_id: str
+    document_id: str
+    page: int
+    relevant: bool
+    analyst: str
+    page_text: str
+    created: str
+    question: str = ""
+    answer: str = ""
+
+
+@dataclass
+class Store:
+    path: Path
+    _conn: sqlite3.Connection = field(init=False, repr=False)
+    _lock: threading.RLock = field(init=False, repr=False, default_factory=threading.RLock)
+
+    def __post_init__(self) -> None:
+        self.path = Path(self.path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            # autocommit mode: transactions are explicit (BEGIN IMMEDIATE ... COMMIT)
+            self._conn = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None,
+                                         timeout=10.0)
+            self._conn.row_factory = sqlite3.Row
+            mode = self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise StoreError(f"{self.path}: cannot switch the store to WAL mode (got {mode})")
+            self._conn.execute("PRAGMA synchronous=FULL")
+            self._conn.execute("PRAGMA foreign_keys=ON")
+            self._conn.execute("PRAGMA busy_timeout=10000")
+            version = self._conn.execute("PRAGMA user_version").fetchone()[0]
+            if version not in (0, SCHEMA_VERSION):
+                raise StoreError(f"{self.path} has schema version {version}, this Evidentia needs "
+                                 f"{SCHEMA_VERSION}")
+            # CREATE ... IF NOT EXISTS: idempotent, so a crash half-way is redone next start
+            self._conn.executescript(_SCHEMA)
+            self._conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open the store {self.path}: {exc}") from None
+
+    # -- plumbing ------------------------------------------------------------
+    class _Tx:
+        def __init__(self, store: "Store") -> None:
+            self.store = store
+
+        def __enter__(self) -> sqlite3.Connection:
+            self.store._lock.acquire()
+            try:
+                self.store._conn.execute("BEGIN IMMEDIATE")
+            except BaseException:
+                self.store._lock.release()
+                raise
+            return self.store._conn
+
+        def __exit__(self, exc_type, exc, tb) -> None:
+            try:
+                if exc_type is None:
+                    self.store._conn.execute("COMMIT")
+                else:
+                    self.store._conn.execute("ROLLBACK")
+            finally:
+                self.store._lock.release()
+
+    def _tx(self) -> "Store._Tx":
+        """One write transaction; committed (and fsynced) when the block ends."""
+        return Store._Tx(self)
+
+    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            return self._conn.execute(sql, params).fetchall()
+
+    def ping(self) -> None:
+        self._query("SELECT 1")
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    # -- tenants and keys ----------------------------------------------------
+    def create_key(self, tenant: str) -> NewKey:
+        if not TENANT_RE.match(tenant):
+            raise ValueError(f"tenant {tenant!r}: use 1-64 letters, digits, '.', '_' or '-', "
+                             f"starting with a letter or digit")
+        key_id = secrets.token_hex(6)
+        secret = secrets.token_urlsafe(32)
+        salt = secrets.token_hex(16)
+        created = now()
+        with self._tx() as c:
+            c.execute("INSERT OR IGNORE INTO tenants (name, created) VALUES (?, ?)", (tenant, created))
+            c.execute("INSERT INTO api_keys (key_id, tenant, salt, key_hash, created) VALUES (?, ?, ?, ?, ?)",
+                      (key_id, tenant, salt, hash_secret(salt, secret), created))
+        return NewKey(key=f"{KEY_PREFIX}{key_id}_{secret}", info=ApiKey(key_id, tenant, created))
+
+    def authenticate(self, key: str) -> ApiKey | None:
+        parts = split_key(key)
+        if parts is None:
+            return None
+        key_id, secret = parts
+        rows = self._query("SELECT key_id, tenant, salt, key_hash, created FROM api_keys WHERE key_id = ?", (key_id,))
+        if not rows:
+            return None
+        row = rows[0]
+        if not hmac.compare_digest(hash_secret(row["salt"], secret), row["key_hash"]):
+            return None
+        return ApiKey(row["key_id"], row["tenant"], row["created"])
+
+    def list_keys(self) -> list[ApiKey]:
+        rows = self._query("SELECT key_id, tenant, created FROM api_keys ORDER BY created, key_id")
+        return [ApiKey(r["key_id"], r["tenant"], r["created"]) for r in rows]
+
+    def delete_key(self, key_id: str) -> bool:
+        with self._tx() as c:
+            return c.execute("DELETE FROM api_keys WHERE key_id = ?", (key_id,)).rowcount > 0
+
+    def tenants(self) -> list[str]:
+        return [r["name"] for r in self._query("SELECT name FROM tenants ORDER BY name")]
+
+    # -- documents -----------------------------------------------------------
+    @staticmethod
+    def _document(row: sqlite3.Row) -> DocumentRow:
+        return DocumentRow(
+            tenant=row["tenant"], document_id=row["document_id"], status=row["status"], reason=row["reason"],
+            pages=row["pages"], empty_pages=row["empty_pages"], languages=json.loads(row["languages"] or "{}"),
+            filename=row["filename"], size_bytes=row["size_bytes"], file_path=row["file_path"],
+            generation=row["generation"], created=row["created"], updated=row["updated"],
+        )
+
+    def put_document(self, tenant: str, document_id: str, filename: str, size_bytes: int, file_path: str,
+                     generation: str) -> tuple[DocumentRow, DocumentRow | None]:
+        """Insert a queued document, or replace an earlier upload of the same id.
+        Returns (new row, the replaced row or None)."""
+        ts = now()
+        with self._tx() as c:
+            old = c.execute("SELECT * FROM documents WHERE tenant = ? AND document_id = ?",
+                            (tenant, document_id)).fetchone()
+            c.execute(
+                "INSERT INTO documents (tenant, document_id, status, reason, pages, empty_pages, languages, "
+                "filename, size_bytes, file_path, generation, created, updated) "
+                "VALUES (?, ?, 'queued', NULL, NULL, NULL, '{}', ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (tenant, document_id) DO UPDATE SET status = 'queued', reason = NULL, pages = NULL, "
+                "empty_pages = NULL, languages = '{}', filename = excluded.filename, "
+                "size_bytes = excluded.size_bytes, file_path = excluded.file_path, "
+                "generation = excluded.generation, updated = excluded.updated",
+                (tenant, document_id, filename, size_bytes, file_path, generation, ts, ts),
+            )
+            new = c.execute("SELECT * FROM documents WHERE tenant = ? AND document_id = ?",
+                            (tenant, document_id)).fetchone()
+        return self._document(new), (self._document(old) if old else None)
+
+    def get_document(self, tenant: str, document_id: str) -> DocumentRow | None:
+        rows = self._query("SELECT * FROM documents WHERE tenant = ? AND document_id = ?", (tenant, document_id))
+        return self._document(rows[0]) if rows else None
+
+    def get_documents(self, tenant: str, document_ids: Sequence[str]) -> dict[str, DocumentRow]:
+        if not document_ids:
+            return {}
+        marks = ",".join("?" * len(document_ids))
+        rows = self._query(f"SELECT * FROM documents WHERE tenant = ? AND document_id IN ({marks})",
+                           (tenant, *document_ids))
+        return {r["document_id"]: self._document(r) for r in rows}
+
+    def list_documents(self, tenant: str) -> list[DocumentRow]:
+        rows = self._query("SELECT * FROM documents WHERE tenant = ? ORDER BY document_id", (tenant,))
+        return [self._document(r) for r in rows]
+
+    def all_documents(self) -> list[DocumentRow]:
+        return [self._document(r) for r in self._query("SELECT * FROM documents ORDER BY tenant, document_id")]
+
+    def pending_documents(self) -> list[DocumentRow]:
+        """Documents a crash may have left queued or half-way through indexing, oldest first."""
+        rows = self._query("SELECT * FROM documents WHERE status IN ('queued', 'indexing') ORDER BY updated")
+        return [self._document(r) for r in rows]
+
+    def set_status(self, tenant: str, document_id: str, generation: str, status: str, reason: str | None = None,
+                   pages: int | None = None, empty_pages: int | None = None,
+                   languages: dict[str, int] | None = None) -> bool:
+        """Update a document's status, only if it is still the upload ``generation``
+        (a newer upload or a delete wins). False when it no longer is."""
+        assert status in STATUSES
+        with self._tx() as c:
+            cur = c.execute(
+                "UPDATE documents SET status = ?, reason = ?, pages = ?, empty_pages = ?, languages = ?, updated = ? "
+                "WHERE tenant = ? AND document_id = ? AND generation = ?",
+                (status, reason, pages, empty_pages, json.dumps(languages or {}), now(), tenant, document_id,
+                 generation),
+            )
+            return cur.rowcount > 0
+
+    def delete_document(self, tenant: str, document_id: str) -> DocumentRow | None:
+        """Remove the document and the feedback given on its pages (feedback rows hold
+        page text, which is the document's content). Returns the removed row."""
+        with self._tx() as c:
+            row = c.execute("SELECT * FROM documents WHERE tenant = ? AND document_id = ?",
+                            (tenant, document_id)).fetchone()
+            if row is None:
+                return None
+            c.execute("DELETE FROM feedback WHERE tenant = ? AND document_id = ?", (tenant, document_id))
+            c.execute("DELETE FROM documents WHERE tenant = ? AND document_id = ?", (tenant, document_id))
+        return self._document(row)
+
+    # -- validations ---------------------------------------------------------
+    def add_validation(self, v: ValidationRow) -> None:
+        with self._tx() as c:
+            c.execute(
+                "INSERT INTO validations (validation_id, tenant, question, answer, document_ids, reranker, threshold, "
+                "top_k, pages, model_version, fallback_reason, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (v.validation_id, v.tenant, v.question, v.answer, json.dumps(v.document_ids), v.reranker, v.threshold,
+                 v.top_k, json.dumps(v.pages), v.model_version, v.fallback_reason, v.created),
+            )
+
+    def get_validation(self, tenant: str, validation_id: str) -> ValidationRow | None:
+        rows = self._query("SELECT * FROM validations WHERE tenant = ? AND validation_id = ?", (tenant, validation_id))
+        if not rows:
+            return None
+        r = rows[0]
+        return ValidationRow(
+            validation_id=r["validation_id"], tenant=r["tenant"], question=r["question"], answer=r["answer"],
+            document_ids=json.loads(r["document_ids"]), reranker=r["reranker"], threshold=r["threshold"],
+            top_k=r["top_k"], pages=json.loads(r["pages"]), model_version=r["model_version"],
+            fallback_reason=r["fallback_reason"], created=r["created"],
+        )
+
+    def count_validations(self, tenant: str | None = None) -> int:
+        if tenant is None:
+            return self._query("SELECT COUNT(*) FROM validations")[0][0]
+        return self._query("SELECT COUNT(*) FROM validations WHERE tenant = ?", (tenant,))[0][0]
+
+    # -- feedback ------------------------------------------------------------
+    def add_feedback(self, tenant: str, validation_id: str, document_id: str, page: int, relevant: bool,
+                     analyst: str, page_text: str) -> FeedbackRow:
+        """One judgement per (validation, page, analyst): a second one replaces the first."""
+        ts = now()
+        with self._tx() as c:
+            c.execute(
+                "INSERT INTO feedback (validation_id, tenant, document_id, page, relevant, analyst, page_text, created) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (validation_id, document_id, page, analyst) "
+                "DO UPDATE SET relevant = excluded.relevant, page_text = excluded.page_text, created = excluded.created",
+                (validation_id, tenant, document_id, page, int(relevant), analyst, page_text, ts),
+            )
+            row = c.execute("SELECT * FROM feedback WHERE validation_id = ? AND document_id = ? AND page = ? "
+                            "AND analyst = ?", (validation_id, document_id, page, analyst)).fetchone()
+        return FeedbackRow(row["id"], row["validation_id"], row["document_id"], row["page"], bool(row["relevant"]),
+                           row["analyst"], row["page_text"], row["created"])
+
+    def iter_feedback(self, tenant: str, batch: int = 500) -> Iterator[FeedbackRow]:
+        """The tenant's feedback joined with its validation, oldest first, read in
+        batches so a long export never holds the lock for long."""
+        last = 0
+        while True:
+            rows = self._query(
+                "SELECT f.*, v.question, v.answer FROM feedback f JOIN validations v USING (validation_id) "
+                "WHERE f.tenant = ? AND f.id > ? ORDER BY f.id LIMIT ?", (tenant, last, batch))
+            if not rows:
+                return
+            for r in rows:
+                yield FeedbackRow(r["id"], r["validation_id"], r["document_id"], r["page"], bool(r["relevant"]),
+                                  r["analyst"], r["page_text"], r["created"], r["question"], r["answer"])
+            last = rows[-1]["id"]

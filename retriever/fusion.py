@@ -1,0 +1,56 @@
+"""Reciprocal-rank fusion of first-stage rankings (BM25 and dense) into one pool.
+
+A page at 1-based rank ``r`` of ranking ``i`` earns ``weights[i] / (k + r)``;
+its fused score is the sum over the rankings it appears in (Cormack et al.,
+2009, with per-ranking weights). Only ranks count, so BM25 scores and cosines
+need no common scale.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Sequence
+
+from evidentia.records import Candidate
+
+DEFAULT_K = 60
+
+
+def rrf(rankings: Sequence[Sequence[Candidate]], weights: Sequence[float] | None = None, k: float = DEFAULT_K,
+        top_k: int | None = None) -> list[Candidate]:
+    """Fuse ``rankings`` (each best first) into one list, best first, cut to
+    ``top_k`` (None: every page that appears). A page is identified by (doc_id,
+    page); a page listed twice in one ranking counts at its best rank there.
+    The returned Candidates carry the fused score, and the text, language and
+    snippet of the page's first appearance (the first ranking that has it, so
+    with BM25 first its keyword snippet is kept; an empty snippet is filled from
+    a later ranking). Equal scores are ordered by doc id, then page. A ranking
+    of weight 0 is ignored altogether."""
+    if weights is None:
+        weights = [1.0] * len(rankings)
+    if len(weights) != len(rankings):
+        raise ValueError(f"{len(weights)} weight(s) for {len(rankings)} ranking(s)")
+    if any(w < 0 for w in weights):
+        raise ValueError(f"weights must be >= 0, not {list(weights)}")
+    if k < 0:
+        raise ValueError(f"k must be >= 0, not {k}")
+    scores: dict[tuple[str, int], float] = {}
+    first: dict[tuple[str, int], Candidate] = {}
+    for ranking, weight in zip(rankings, weights):
+        if weight == 0:
+            continue  # a ranking of weight 0 is left out, pages and all
+        seen: set[tuple[str, int]] = set()
+        for rank, cand in enumerate(ranking, start=1):
+            key = (cand.doc_id, cand.page)
+            if key in seen:
+                continue
+            seen.add(key)
+            scores[key] = scores.get(key, 0.0) + weight / (k + rank)
+            if key not in first:
+                first[key] = cand
+            elif not first[key].snippet and cand.snippet:
+                first[key] = replace(first[key], snippet=cand.snippet)
+    order = sorted(scores, key=lambda key: (-scores[key], key[0], key[1]))
+    if top_k is not None:
+        order = order[:max(0, top_k)]
+    return [replace(first[key], score=scores[key]) for key in order]

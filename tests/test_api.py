@@ -1,0 +1,626 @@
+"""The validation API in-process (FastAPI's TestClient): every endpoint, tenant
+isolation, every error status and its one shape, background indexing,
+feedback export and the OpenAPI document.
+
+Most tests share one app (module scope) and isolate themselves with a tenant
+of their own; tests that need other settings build their own app."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import struct
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from evidentia.api.app import create_app
+from evidentia.api.indexing import internal_id
+from evidentia.api.services import store_path
+from evidentia.api.store import Store
+from evidentia.config import Settings
+from evidentia.reranker.base import Reranker, RerankResult, passthrough
+from evidentia.samples import SAMPLE_ANSWER, SAMPLE_QUESTION, SAMPLE_REPORT_PAGES, write_pdf, write_sample_report
+from evidentia.training.dataset import read_records
+
+ADMIN = "admin-secret-for-tests"
+_tenants = itertools.count(1)
+
+
+# -- helpers ------------------------------------------------------------------
+def wait_ready(client: TestClient, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if client.get("/ready").status_code == 200:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"not ready: {client.get('/ready').json()}")
+
+
+def assert_error(response, status: int, code: str | None = None) -> dict:
+    """The one error shape: {"error": {"code", "message", "details"}}."""
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"}, body
+    assert set(body["error"]) == {"code", "message", "details"}, body
+    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+    if code is not None:
+        assert body["error"]["code"] == code, body
+    return body["error"]
+
+
+def new_tenant(client: TestClient, tenant: str | None = None) -> dict[str, str]:
+    tenant = tenant or f"t{next(_tenants)}"
+    r = client.post("/v1/admin/keys", json={"tenant": tenant}, headers={"X-API-Key": ADMIN})
+    assert r.status_code == 201, r.text
+    return {"X-API-Key": r.json()["key"]}
+
+
+def upload(client: TestClient, headers, path: Path, document_id: str | None = None, filename: str | None = None):
+    data = {"document_id": document_id} if document_id else {}
+    return client.post("/v1/documents", headers=headers, data=data,
+                       files={"file": (filename or path.name, path.read_bytes(), "application/pdf")})
+
+
+def wait_indexed(client: TestClient, headers, document_id: str, timeout: float = 20.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r = client.get(f"/v1/documents/{document_id}", headers=headers)
+        assert r.status_code == 200, r.text
+        if r.json()["status"] in ("ready", "failed"):
+            return r.json()
+        time.sleep(0.02)
+    raise AssertionError(f"{document_id} still {r.json()['status']}")
+
+
+def ready_document(client, headers, path: Path, document_id: str | None = None) -> str:
+    r = upload(client, headers, path, document_id)
+    assert r.status_code == 202, r.text
+    doc = wait_indexed(client, headers, r.json()["document_id"])
+    assert doc["status"] == "ready", doc
+    return doc["document_id"]
+
+
+def validate(client, headers, document_ids, **extra):
+    body = {"question": SAMPLE_QUESTION, "answer": SAMPLE_ANSWER, "document_ids": document_ids, **extra}
+    return client.post("/v1/validate", headers=headers, json=body)
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", data[16:24])
+
+
+def make_app(tmp_path: Path, **overrides):
+    settings = Settings(data_dir=tmp_path / "api-data", admin_key=ADMIN, rate_limit_per_minute=100_000).with_(
+        **overrides)
+    return create_app(settings)
+
+
+# -- fixtures -----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    app = make_app(tmp_path_factory.mktemp("shared-api"))
+    with TestClient(app) as c:
+        wait_ready(c)
+        yield c
+
+
+@pytest.fixture(scope="module")
+def sample_pdf(tmp_path_factory) -> Path:
+    return write_sample_report(tmp_path_factory.mktemp("pdfs") / "acme-2023.pdf")
+
+
+@pytest.fixture
+def own_client(tmp_path):
+    """own_client(**settings) -> a TestClient on a fresh app and data dir."""
+    stack = []
+
+    def make(wait: bool = True, **overrides) -> TestClient:
+        c = TestClient(make_app(tmp_path / f"app{len(stack)}", **overrides))
+        c.__enter__()
+        stack.append(c)
+        if wait:
+            wait_ready(c)
+        return c
+
+    yield make
+    for c in reversed(stack):
+        c.__exit__(None, None, None)
+
+
+def services_of(client: TestClient):
+    return client.app.state.services
+
+
+# -- health, readiness, metrics -----------------------------------------------
+def test_health_ready_and_metrics(client):
+    assert client.get("/health").json() == {"status": "ok"}
+    ready = client.get("/ready")
+    assert ready.status_code == 200
+    assert ready.json()["checks"] == {"store": "ok", "index": "ok", "reranker:none": "ok"}
+    text = client.get("/metrics").text
+    assert "evidentia_http_requests_total{" in text
+    assert 'route="/health"' in text
+    assert "evidentia_indexing_queue_length" in text
+    assert "evidentia_http_request_duration_seconds_bucket" in text
+
+
+def test_ready_is_503_until_the_default_reranker_loads(own_client, tmp_path):
+    c = own_client(wait=False, default_reranker="classifier", classifier_model=str(tmp_path / "no-such-model"))
+    assert c.get("/health").status_code == 200
+    deadline = time.monotonic() + 30
+    while True:  # "loading" first (importing torch takes a while), then the load error
+        err = assert_error(c.get("/ready"), 503, "not_ready")
+        if err["details"]["checks"]["reranker:classifier"] not in ("not loaded", "loading"):
+            break
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert "reranker:classifier" in err["message"]
+    assert err["details"]["checks"]["store"] == "ok"
+    assert err["details"]["checks"]["reranker:classifier"].startswith("error")
+
+
+def test_ready_is_503_while_the_index_cannot_be_opened(own_client):
+    c = own_client(wait=False, backend="elasticsearch", es_url=None)
+    deadline = time.monotonic() + 10
+    while (err := assert_error(c.get("/ready"), 503, "not_ready"))["details"]["checks"]["index"] == "not open":
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert "EVIDENTIA_ES_URL" in err["details"]["checks"]["index"]
+    h = new_tenant(c)
+    assert_error(c.delete("/v1/documents/x", headers=h), 503, "not_ready")
+
+
+# -- the main path ------------------------------------------------------------
+def test_upload_index_validate_feedback_export(client, sample_pdf, tmp_path):
+    h = new_tenant(client)
+    r = upload(client, h, sample_pdf)
+    assert r.status_code == 202
+    assert r.json() == {"document_id": "acme-2023", "status": "queued"}
+    assert r.headers["location"] == "/v1/documents/acme-2023"
+
+    doc = wait_indexed(client, h, "acme-2023")
+    assert doc["status"] == "ready" and doc["reason"] is None
+    assert doc["pages"] == len(SAMPLE_REPORT_PAGES) and doc["empty_pages"] == 1
+    assert doc["languages"] == {"en": 3, "fr": 1, "de": 1}
+    assert doc["filename"] == "acme-2023.pdf" and doc["size_bytes"] == sample_pdf.stat().st_size
+    listed = client.get("/v1/documents", headers=h).json()["documents"]
+    assert [d["document_id"] for d in listed] == ["acme-2023"]
+
+    page = client.get("/v1/documents/acme-2023/pages/2", headers=h).json()
+    assert page["page"] == 2 and page["language"] == "en" and "12,450" in page["text"]
+    assert page["char_count"] == len(page["text"])
+    png = client.get("/v1/documents/acme-2023/pages/2.png?width=300", headers=h)
+    assert png.status_code == 200 and png.headers["content-type"] == "image/png"
+    assert png_size(png.content)[0] == 300
+
+    r = validate(client, h, ["acme-2023"], top_k=3)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["validation_id"].startswith("val_")
+    assert body["reranker"] == "none" and body["fallback_reason"] is None and body["model_version"] is None
+    assert len(body["pages"]) <= 3
+    top = body["pages"][0]
+    assert (top["document_id"], top["page"], top["probability"]) == ("acme-2023", 2, None)
+    assert "12,450" in top["snippet"]
+    assert {"retrieve", "rerank", "total"} <= set(body["timings_ms"])
+
+    fb = client.post("/v1/feedback", headers=h, json={"validation_id": body["validation_id"],
+                                                      "document_id": "acme-2023", "page": 2, "relevant": True,
+                                                      "analyst": "ann@example.com"})
+    assert fb.status_code == 201, fb.text
+    assert fb.json()["relevant"] is True and fb.json()["analyst"] == "ann@example.com"
+    second = body["pages"][1]
+    fb2 = client.post("/v1/feedback", headers=h, json={"validation_id": body["validation_id"],
+                                                       "document_id": "acme-2023", "page": second["page"],
+                                                       "relevant": False})
+    assert fb2.status_code == 201
+
+    export = client.get("/v1/feedback/export", headers=h)
+    assert export.status_code == 200 and export.headers["content-type"].startswith("application/x-ndjson")
+    lines = [json.loads(line) for line in export.text.splitlines()]
+    assert lines[0] == {"question": SAMPLE_QUESTION, "answer": SAMPLE_ANSWER, "page_text": page["text"],
+                        "relevance": 1, "doc_id": "acme-2023", "page": 2, "source": "feedback"}
+    assert lines[1]["relevance"] == 0 and lines[1]["page"] == second["page"]
+    # the training code reads the export as it is
+    out = tmp_path / "feedback.jsonl"
+    out.write_text(export.text)
+    records = read_records(out)
+    assert [(r.relevance, r.source) for r in records] == [(1, "feedback"), (0, "feedback")]
+
+
+def test_feedback_again_replaces_the_judgement(client, sample_pdf):
+    h = new_tenant(client)
+    ready_document(client, h, sample_pdf)
+    vid = validate(client, h, ["acme-2023"]).json()["validation_id"]
+    for relevant in (True, False):
+        r = client.post("/v1/feedback", headers=h, json={"validation_id": vid, "document_id": "acme-2023",
+                                                         "page": 2, "relevant": relevant, "analyst": "bob"})
+        assert r.status_code == 201
+    lines = client.get("/v1/feedback/export", headers=h).text.splitlines()
+    assert [json.loads(x)["relevance"] for x in lines] == [0]
+
+
+def test_default_document_id_reupload_and_delete(client, sample_pdf, tmp_path):
+    h = new_tenant(client)
+    odd = tmp_path / "Annual Report (2023).pdf"
+    odd.write_bytes(sample_pdf.read_bytes())
+    assert upload(client, h, odd).json()["document_id"] == "Annual-Report-2023"
+    assert wait_indexed(client, h, "Annual-Report-2023")["status"] == "ready"
+
+    # uploading the same id again replaces the document and its file
+    services = services_of(client)
+    tenant = services.store.authenticate(h["X-API-Key"]).tenant
+    first_file = Path(services.store.get_document(tenant, "Annual-Report-2023").file_path)
+    other = write_pdf(tmp_path / "other.pdf", ["Water use fell by 18 % in 2023.", "Waste recycling rate 92 %."])
+    assert upload(client, h, other, document_id="Annual-Report-2023").status_code == 202
+    doc = wait_indexed(client, h, "Annual-Report-2023")
+    assert doc["pages"] == 2 and doc["filename"] == "other.pdf"
+    assert not first_file.exists()
+
+    row = services.store.get_document(tenant, "Annual-Report-2023")
+    r = client.delete("/v1/documents/Annual-Report-2023", headers=h)
+    assert r.status_code == 204 and r.content == b""
+    assert_error(client.get("/v1/documents/Annual-Report-2023", headers=h), 404, "document_not_found")
+    assert not Path(row.file_path).parent.exists()
+    assert services.backend.get_document(internal_id(tenant, "Annual-Report-2023")) is None
+    assert_error(validate(client, h, ["Annual-Report-2023"]), 404, "document_not_found")
+    assert_error(client.delete("/v1/documents/Annual-Report-2023", headers=h), 404)
+
+
+def test_bad_pdf_fails_in_the_background_and_leaves_nothing_indexed(client, bad_pdfs):
+    h = new_tenant(client)
+    services = services_of(client)
+    tenant = services.store.authenticate(h["X-API-Key"]).tenant
+    for kind in ("corrupted", "encrypted", "no_pages"):
+        r = upload(client, h, bad_pdfs[kind], document_id=kind.replace("_", "-"))
+        assert r.status_code == 202, (kind, r.text)
+        doc = wait_indexed(client, h, kind.replace("_", "-"))
+        assert doc["status"] == "failed", doc
+        assert doc["reason"] and doc["pages"] is None
+        assert services.backend.get_document(internal_id(tenant, doc["document_id"])) is None
+    assert "corrupted PDF" in client.get("/v1/documents/corrupted", headers=h).json()["reason"]
+    assert "encrypted" in client.get("/v1/documents/encrypted", headers=h).json()["reason"]
+    err = assert_error(validate(client, h, ["corrupted"]), 409, "document_not_ready")
+    assert "failed: " in err["message"]
+    assert_error(client.get("/v1/documents/corrupted/pages/1", headers=h), 409, "document_not_ready")
+
+
+def test_validate_while_indexing_is_409(client, sample_pdf):
+    h = new_tenant(client)
+    services = services_of(client)
+    with services.doc_lock:  # the worker cannot write to the index meanwhile
+        assert upload(client, h, sample_pdf).status_code == 202
+        err = assert_error(validate(client, h, ["acme-2023"]), 409, "document_not_ready")
+        assert "still indexing" in err["message"]
+        assert err["details"][0]["document_id"] == "acme-2023"
+    assert wait_indexed(client, h, "acme-2023")["status"] == "ready"
+    assert validate(client, h, ["acme-2023"]).status_code == 200
+
+
+# -- tenants ------------------------------------------------------------------
+def test_tenants_are_isolated(client, sample_pdf, tmp_path):
+    a, b = new_tenant(client), new_tenant(client)
+    ready_document(client, a, sample_pdf, "report")
+    vid = validate(client, a, ["report"]).json()["validation_id"]
+
+    assert client.get("/v1/documents", headers=b).json() == {"documents": []}
+    for method, url in [("GET", "/v1/documents/report"), ("DELETE", "/v1/documents/report"),
+                        ("GET", "/v1/documents/report/pages/2"), ("GET", "/v1/documents/report/pages/2.png")]:
+        assert_error(client.request(method, url, headers=b), 404)
+    assert_error(validate(client, b, ["report"]), 404, "document_not_found")
+    assert_error(client.post("/v1/feedback", headers=b, json={"validation_id": vid, "document_id": "report",
+                                                               "page": 2, "relevant": True}), 404)
+
+    # b reuses the same document id for other content: no clash either way
+    other = write_pdf(tmp_path / "b.pdf", ["Canteen menu and football results, nothing about emissions."])
+    ready_document(client, b, other, "report")
+    assert "Canteen" in client.get("/v1/documents/report/pages/1", headers=b).json()["text"]
+    assert client.get("/v1/documents/report", headers=a).json()["pages"] == len(SAMPLE_REPORT_PAGES)
+    b_pages = validate(client, b, ["report"], question="football canteen", answer="").json()["pages"]
+    assert [p["page"] for p in b_pages] == [1]
+    a_pages = validate(client, a, ["report"]).json()["pages"]
+    assert a_pages[0]["page"] == 2
+    assert client.delete("/v1/documents/report", headers=b).status_code == 204
+    assert client.get("/v1/documents/report", headers=a).json()["status"] == "ready"
+    assert validate(client, a, ["report"]).status_code == 200
+    assert client.get("/v1/feedback/export", headers=b).text == ""
+
+
+# -- auth and admin -----------------------------------------------------------
+def test_authentication(client):
+    h = new_tenant(client)
+    assert_error(client.get("/v1/documents"), 401, "unauthorized")
+    assert_error(client.get("/v1/documents", headers={"X-API-Key": "evk_nope_nope"}), 401)
+    assert_error(client.get("/v1/documents", headers={"X-API-Key": h["X-API-Key"] + "x"}), 401)
+    assert_error(client.get("/v1/documents", headers={"X-API-Key": ADMIN}), 401)
+    bearer = {"Authorization": f"Bearer {h['X-API-Key']}"}
+    assert client.get("/v1/documents", headers=bearer).status_code == 200
+
+
+def test_admin_keys(client):
+    assert_error(client.get("/v1/admin/keys"), 401)
+    tenant_key = new_tenant(client, "admin-test")
+    assert_error(client.get("/v1/admin/keys", headers=tenant_key), 401)
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    keys = client.get("/v1/admin/keys", headers=admin).json()["keys"]
+    mine = [k for k in keys if k["tenant"] == "admin-test"]
+    assert len(mine) == 1 and set(mine[0]) == {"key_id", "tenant", "created"}
+    assert tenant_key["X-API-Key"] not in client.get("/v1/admin/keys", headers=admin).text
+    # the store holds a salted hash, never the key
+    secret = tenant_key["X-API-Key"].split("_", 2)[2]
+    db = store_path(services_of(client).settings)
+    stored = b"".join(p.read_bytes() for p in db.parent.glob(db.name + "*"))  # the db and its WAL
+    assert secret.encode() not in stored and tenant_key["X-API-Key"].encode() not in stored
+
+    assert_error(client.post("/v1/admin/keys", headers=admin, json={"tenant": "a:b"}), 422, "validation_error")
+    assert client.delete(f"/v1/admin/keys/{mine[0]['key_id']}", headers=admin).status_code == 204
+    assert_error(client.get("/v1/documents", headers=tenant_key), 401)
+    assert_error(client.delete(f"/v1/admin/keys/{mine[0]['key_id']}", headers=admin), 404, "key_not_found")
+
+
+def test_admin_api_disabled_without_admin_key(own_client):
+    c = own_client(admin_key=None)
+    assert_error(c.post("/v1/admin/keys", json={"tenant": "x"}, headers={"X-API-Key": "anything"}), 403,
+                 "admin_disabled")
+
+
+def test_cli_created_key_works(own_client, monkeypatch):
+    from typer.testing import CliRunner
+
+    from evidentia.cli import app as cli_app
+
+    c = own_client()
+    data_dir = services_of(c).settings.data_dir
+    monkeypatch.setenv("EVIDENTIA_DATA_DIR", str(data_dir))
+    result = CliRunner().invoke(cli_app, ["keys", "create", "--tenant", "cli-tenant", "--json"])
+    assert result.exit_code == 0, result.output
+    key = json.loads(result.stdout)["key"]
+    assert c.get("/v1/documents", headers={"X-API-Key": key}).status_code == 200
+    listed = CliRunner().invoke(cli_app, ["keys", "list"])
+    assert "cli-tenant" in listed.stdout and key not in listed.stdout
+
+
+# -- limits and errors --------------------------------------------------------
+def test_upload_errors_store_nothing(own_client, tmp_path, sample_pdf):
+    c = own_client(max_upload_bytes=20_000, max_pages=3)
+    h = new_tenant(c)
+    services = services_of(c)
+
+    text = tmp_path / "notes.pdf"
+    text.write_text("Meeting notes, not a PDF.")
+    err = assert_error(upload(c, h, text), 415, "not_a_pdf")
+    assert "not a PDF" in err["message"]
+    empty = tmp_path / "empty.pdf"
+    empty.write_bytes(b"")
+    assert_error(upload(c, h, empty), 400, "empty_file")
+    big = write_pdf(tmp_path / "big.pdf", ["x" * 3000] * 2, image_pages={0})
+    big.write_bytes(big.read_bytes() + b"%" + b"0" * 25_000)
+    err = assert_error(upload(c, h, big), 413, "file_too_large")
+    assert err["details"] == {"max_bytes": 20_000}
+    err = assert_error(upload(c, h, sample_pdf), 413, "too_many_pages")  # 6 pages, limit 3
+    assert err["details"] == {"pages": 6, "max_pages": 3}
+    assert "6 pages" in err["message"]
+    assert_error(upload(c, h, sample_pdf, document_id="bad id!"), 422, "validation_error")
+    assert_error(c.post("/v1/documents", headers=h, data={"document_id": "x"}), 422, "validation_error")
+    # over the body limit: refused from Content-Length before the body is read
+    huge = c.post("/v1/documents", headers=h, files={"file": ("h.pdf", b"%PDF-" + b"0" * (1 << 21))})
+    assert_error(huge, 413, "too_large")
+
+    assert c.get("/v1/documents", headers=h).json() == {"documents": []}
+    leftovers = [p for p in services.uploads.rglob("*") if p.is_file()]
+    assert leftovers == []
+    assert services.store.all_documents() == []
+
+
+def test_validate_errors(client, sample_pdf):
+    h = new_tenant(client)
+    ready_document(client, h, sample_pdf)
+    s = services_of(client).settings
+    cases = [
+        ({"question": "q" * (s.max_question_chars + 1)}, "question"),
+        ({"answer": "a" * (s.max_answer_chars + 1)}, "answer"),
+        ({"question": "   "}, "question"),
+        ({"top_k": s.max_top_k + 1}, "top_k"),
+        ({"top_k": 0}, "top_k"),
+        ({"document_ids": [f"d{i}" for i in range(s.max_documents_per_validation + 1)]}, "document_ids"),
+        ({"document_ids": []}, "document_ids"),
+        ({"reranker": "magic"}, "reranker"),
+        ({"reranker": "classifier", "threshold": 1.5}, "threshold"),
+        ({"threshold": 0.5}, "threshold"),  # the none reranker has no probabilities
+        ({"surprise": 1}, "surprise"),
+    ]
+    for extra, field in cases:
+        body = {"question": SAMPLE_QUESTION, "answer": SAMPLE_ANSWER, "document_ids": ["acme-2023"], **extra}
+        err = assert_error(client.post("/v1/validate", headers=h, json=body), 422, "validation_error")
+        assert any(field in d["loc"] for d in err["details"]), (extra, err)
+    err = assert_error(client.post("/v1/validate", headers=h, json={"answer": "x"}), 422)
+    assert "question" in err["message"]
+    err = assert_error(validate(client, h, ["acme-2023", "ghost"]), 404, "document_not_found")
+    assert err["details"] == {"document_ids": ["ghost"]}
+    assert_error(client.post("/v1/validate", headers={**h, "content-type": "application/json"}, content=b"{oops"),
+                 400, "invalid_json")
+    # none returns top_k pages at most
+    assert len(validate(client, h, ["acme-2023"], question="2023", answer="", top_k=2).json()["pages"]) == 2
+
+
+def test_page_errors(client, sample_pdf):
+    h = new_tenant(client)
+    ready_document(client, h, sample_pdf)
+    assert_error(client.get("/v1/documents/acme-2023/pages/7", headers=h), 404, "page_not_found")
+    assert_error(client.get("/v1/documents/acme-2023/pages/0", headers=h), 422)
+    assert_error(client.get("/v1/documents/acme-2023/pages/1.png?width=49", headers=h), 422)
+    assert_error(client.get("/v1/documents/acme-2023/pages/1.png?width=2001", headers=h), 422)
+    assert png_size(client.get("/v1/documents/acme-2023/pages/1.png?width=50", headers=h).content)[0] == 50
+    assert png_size(client.get("/v1/documents/acme-2023/pages/1.png", headers=h).content)[0] == 800
+    blank = client.get("/v1/documents/acme-2023/pages/4", headers=h).json()
+    assert blank["text"] == "" and blank["char_count"] == 0 and blank["language"] is None
+
+
+def test_feedback_errors(client, sample_pdf):
+    h = new_tenant(client)
+    ready_document(client, h, sample_pdf)
+    body = validate(client, h, ["acme-2023"], top_k=2).json()
+    vid = body["validation_id"]
+    returned = {p["page"] for p in body["pages"]}
+    missing_page = next(p for p in range(1, 7) if p not in returned)
+    fb = {"validation_id": vid, "document_id": "acme-2023", "relevant": True}
+    assert_error(client.post("/v1/feedback", headers=h, json={**fb, "validation_id": "val_nope", "page": 2}), 404,
+                 "validation_not_found")
+    err = assert_error(client.post("/v1/feedback", headers=h, json={**fb, "page": missing_page}), 422,
+                       "page_not_in_validation")
+    assert {"document_id": "acme-2023", "page": 2} in err["details"]["returned"]
+    assert_error(client.post("/v1/feedback", headers=h, json={**fb, "page": 2, "relevant": "perhaps"}), 422)
+    assert_error(client.post("/v1/feedback", headers=h, json={**fb, "page": 2, "analyst": "x" * 201}), 422)
+    # the document is deleted after the validation: nothing to attach the judgement to
+    assert client.delete("/v1/documents/acme-2023", headers=h).status_code == 204
+    assert_error(client.post("/v1/feedback", headers=h, json={**fb, "page": 2}), 409, "document_gone")
+    assert client.get("/v1/feedback/export", headers=h).text == ""
+
+
+def test_rate_limit(own_client):
+    c = own_client(rate_limit_per_minute=3)
+    h = new_tenant(c)
+    for _ in range(3):
+        assert c.get("/v1/documents", headers=h).status_code == 200
+    r = c.get("/v1/documents", headers=h)
+    err = assert_error(r, 429, "rate_limited")
+    assert int(r.headers["retry-after"]) >= 1 and err["details"]["limit_per_minute"] == 3
+    assert "evidentia_rate_limited_requests_total 1.0" in c.get("/metrics").text
+    assert c.get("/v1/documents", headers=new_tenant(c)).status_code == 200  # per key
+
+
+class SlowReranker(Reranker):
+    name = "none"
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.done = threading.Event()
+
+    def rerank(self, question, answer, candidates):
+        time.sleep(self.seconds)
+        self.done.set()
+        return RerankResult(pages=passthrough(candidates))
+
+
+def test_request_timeout_is_504_and_stores_nothing(own_client, sample_pdf):
+    c = own_client(request_timeout_s=0.3)
+    h = new_tenant(c)
+    ready_document(c, h, sample_pdf)
+    services = services_of(c)
+    slow = SlowReranker(1.0)
+    services.rerankers.put("none", None, slow)
+    t0 = time.monotonic()
+    err = assert_error(validate(c, h, ["acme-2023"]), 504, "timeout")
+    assert time.monotonic() - t0 < 0.9
+    assert "EVIDENTIA_REQUEST_TIMEOUT_S" in err["message"]
+    assert slow.done.wait(5)
+    time.sleep(0.1)
+    assert services.store.count_validations() == 0
+
+
+def test_reranker_fallback_is_reported_and_counted(own_client, sample_pdf):
+    class Failing(Reranker):
+        name = "llm"
+
+        def rerank(self, question, answer, candidates):
+            return RerankResult(pages=passthrough(candidates), fallback_reason="the LLM endpoint timed out")
+
+    c = own_client()
+    h = new_tenant(c)
+    ready_document(c, h, sample_pdf)
+    services_of(c).rerankers.put("llm", None, Failing())
+    body = validate(c, h, ["acme-2023"], reranker="llm").json()
+    assert body["reranker"] == "llm" and body["fallback_reason"] == "the LLM endpoint timed out"
+    assert 'evidentia_reranker_fallbacks_total{reranker="llm"} 1.0' in c.get("/metrics").text
+
+
+def test_unknown_routes_and_methods_use_the_error_shape(client):
+    assert_error(client.get("/nowhere"), 404, "not_found")
+    assert_error(client.get("/v1/documents/a/b/c/d"), 404)
+    assert_error(client.put("/v1/validate"), 405, "method_not_allowed")
+
+
+# -- crash recovery -----------------------------------------------------------
+def test_documents_left_queued_or_indexing_are_indexed_at_start(tmp_path, sample_pdf):
+    data_dir = tmp_path / "api-data"
+    store = Store(data_dir / "api.sqlite3")
+    key = store.create_key("crashed").key
+    for document_id, status in (("was-queued", "queued"), ("was-indexing", "indexing")):
+        folder = data_dir / "uploads" / "crashed" / f"gen-{document_id}"
+        folder.mkdir(parents=True)
+        path = folder / f"{document_id}.pdf"
+        path.write_bytes(sample_pdf.read_bytes())
+        row, _ = store.put_document("crashed", document_id, "acme.pdf", path.stat().st_size, str(path),
+                                    f"gen-{document_id}")
+        store.set_status("crashed", document_id, row.generation, status)
+    orphan = data_dir / "uploads" / "crashed" / ".tmp-abc.pdf"
+    orphan.write_bytes(b"%PDF-half")
+    store.close()
+    with TestClient(make_app(tmp_path)) as c:
+        h = {"X-API-Key": key}
+        assert wait_indexed(c, h, "was-queued")["status"] == "ready"
+        assert wait_indexed(c, h, "was-indexing")["status"] == "ready"
+        assert not orphan.exists()
+
+
+# -- classifier ---------------------------------------------------------------
+def test_classifier_rerankers_are_cached_and_report_their_model(own_client, tmp_path_factory, sample_pdf):
+    pytest.importorskip("peft")
+    from tiny_models import trained_model
+
+    _, model_dir, metadata = trained_model("encoder", tmp_path_factory)
+    c = own_client(default_reranker="classifier", classifier_model=str(model_dir))
+    assert c.get("/ready").json()["checks"]["reranker:classifier"] == "ok"
+    h = new_tenant(c)
+    ready_document(c, h, sample_pdf)
+    first = validate(c, h, ["acme-2023"], reranker="classifier", threshold=0.0)
+    assert first.status_code == 200, first.text
+    body = first.json()
+    assert body["reranker"] == "classifier"
+    assert body["model_version"] == f"{model_dir.name}@{metadata.extra['created']}+{'0' * 12}"
+    assert all(0.0 <= p["probability"] <= 1.0 for p in body["pages"]) and body["pages"]
+    cut = validate(c, h, ["acme-2023"], reranker="classifier", threshold=1.0).json()
+    assert all(p["probability"] >= 1.0 for p in cut["pages"])
+    cache = services_of(c).rerankers
+    a, b = cache.get("classifier", 0.0), cache.get("classifier", 1.0)
+    assert a is not b and a.model is b.model  # one model in memory, thresholds apart
+    assert cache.get("classifier", 0.0) is a
+
+
+# -- OpenAPI ------------------------------------------------------------------
+def test_openapi_documents_every_endpoint(client):
+    spec = client.get("/openapi.json").json()
+    paths = spec["paths"]
+    expected = {
+        ("/v1/documents", "post"), ("/v1/documents", "get"), ("/v1/documents/{document_id}", "get"),
+        ("/v1/documents/{document_id}", "delete"), ("/v1/documents/{document_id}/pages/{page}", "get"),
+        ("/v1/documents/{document_id}/pages/{page}.png", "get"), ("/v1/validate", "post"),
+        ("/v1/feedback", "post"), ("/v1/feedback/export", "get"), ("/v1/admin/keys", "post"),
+        ("/v1/admin/keys", "get"), ("/v1/admin/keys/{key_id}", "delete"), ("/health", "get"), ("/ready", "get"),
+        ("/metrics", "get"),
+    }
+    found = {(p, m) for p, ops in paths.items() for m in ops}
+    assert expected <= found
+    for path, method in found:
+        op = paths[path][method]
+        assert op.get("summary"), (path, method)
+        for status, resp in op["responses"].items():
+            if status.startswith(("4", "5")):
+                ref = resp["content"]["application/json"]["schema"]["$ref"]
+                assert ref.endswith("/ErrorResponse"), (path, method, status)
+    validate_op = paths["/v1/validate"]["post"]
+    assert {"401", "404", "409", "422", "429", "504"} <= set(validate_op["responses"])
+    assert validate_op["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/ValidateRequest")
+    assert paths["/v1/documents"]["post"]["responses"].keys() >= {"202", "413", "415"}
+    assert "multipart/form-data" in paths["/v1/documents"]["post"]["requestBody"]["content"]
+    ok = validate_op["responses"]["200"]["content"]["application/json"]["schema"]["$ref"]
+    assert ok.endswith("/ValidateResponse")
+    schemas = spec["components"]["schemas"]
+    assert {"ErrorResponse", "ValidateRequest", "ValidateResponse", "FeedbackRequest", "DocumentOut",
+            "KeyCreated"} <= set(schemas)
+    assert spec["components"]["securitySchemes"]

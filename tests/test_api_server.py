@@ -1,0 +1,125 @@
+"""A real `evidentia serve` process on a free loopback port: upload, validate,
+feedback; then kill -9 right after the 201 and restart on the same data dir:
+the acknowledged feedback must still be there."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from evidentia.samples import SAMPLE_ANSWER, SAMPLE_QUESTION, write_sample_report
+
+
+def evidentia_exe() -> str:
+    local = Path(sys.executable).with_name("evidentia")
+    found = str(local) if local.exists() else shutil.which("evidentia")
+    if not found:
+        pytest.skip("the evidentia console script is not installed")
+    return found
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(log, "ab")
+        self.proc = subprocess.Popen([evidentia_exe(), "serve", "--host", "127.0.0.1", "--port", str(self.port),
+                                      "--log-level", "warning"], env=env, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited with {self.proc.returncode}")
+            try:
+                if httpx.get(self.url + "/ready", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError("server not ready in time")
+
+    def kill9(self) -> None:
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.log.close()
+
+
+@pytest.fixture
+def server_env(tmp_path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EVIDENTIA_")}
+    env.update(EVIDENTIA_DATA_DIR=str(tmp_path / "data"), EVIDENTIA_BACKEND="embedded")
+    return env
+
+
+def test_feedback_survives_kill_9(tmp_path, server_env):
+    key = subprocess.run([evidentia_exe(), "keys", "create", "--tenant", "acme"], env=server_env, check=True,
+                         capture_output=True, text=True).stdout.strip()
+    assert key.startswith("evk_")
+    headers = {"X-API-Key": key}
+    pdf = write_sample_report(tmp_path / "acme-2023.pdf")
+    servers: list[Server] = []
+    try:
+        first = Server(server_env, tmp_path / "server.log")
+        servers.append(first)
+        first.wait_ready()
+        with httpx.Client(base_url=first.url, headers=headers, timeout=30) as c:
+            r = c.post("/v1/documents", files={"file": (pdf.name, pdf.read_bytes(), "application/pdf")})
+            assert r.status_code == 202, r.text
+            deadline = time.monotonic() + 30
+            while (doc := c.get("/v1/documents/acme-2023").json())["status"] not in ("ready", "failed"):
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            assert doc["status"] == "ready", doc
+            r = c.post("/v1/validate", json={"question": SAMPLE_QUESTION, "answer": SAMPLE_ANSWER,
+                                             "document_ids": ["acme-2023"], "top_k": 5, "reranker": "none"})
+            assert r.status_code == 200, r.text
+            validation = r.json()
+            top = validation["pages"][0]
+            assert top["page"] == 2
+            r = c.post("/v1/feedback", json={"validation_id": validation["validation_id"], "document_id": "acme-2023",
+                                             "page": top["page"], "relevant": True, "analyst": "ann"})
+            assert r.status_code == 201, r.text
+        first.kill9()  # right after the 201: no graceful shutdown, no chance to flush anything
+
+        second = Server(server_env, tmp_path / "server.log")
+        servers.append(second)
+        second.wait_ready()
+        with httpx.Client(base_url=second.url, headers=headers, timeout=30) as c:
+            lines = [json.loads(line) for line in c.get("/v1/feedback/export").text.splitlines()]
+            assert lines == [{"question": SAMPLE_QUESTION, "answer": SAMPLE_ANSWER,
+                              "page_text": lines[0]["page_text"], "relevance": 1, "doc_id": "acme-2023",
+                              "page": 2, "source": "feedback"}]
+            assert "12,450" in lines[0]["page_text"]
+            assert c.get("/v1/documents/acme-2023").json()["status"] == "ready"
+            again = c.post("/v1/validate", json={"question": SAMPLE_QUESTION, "answer": SAMPLE_ANSWER,
+                                                 "document_ids": ["acme-2023"]})
+            assert again.status_code == 200 and again.json()["pages"][0]["page"] == 2
+    finally:
+        for s in servers:
+            s.stop()

@@ -1,0 +1,179 @@
+"""Model registry: every trained classifier is kept with its metadata, one of
+them is in production, and promotion/rollback is one atomic file write.
+
+Layout under ``<data_dir>/models``::
+
+    registry.json        {"production": "v0003", "models": {...}, "events": [...]}
+    v0001/ v0002/ ...    directories written by `evidentia train`
+
+``registry.json`` is replaced with write-to-temp + fsync + rename, under an
+exclusive lock, so a crash or a concurrent `evidentia retrain` never leaves it
+half-written, and a reader (the API's hot reload) always sees a whole version.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator
+
+from evidentia.reranker.classifier_model import METADATA_FILE, ModelMetadata
+
+REGISTRY_FILE = "registry.json"
+
+
+class RegistryError(RuntimeError):
+    """A registry operation that cannot be done; the message says why."""
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    version: str
+    path: Path
+    base_model: str
+    data_sha256: str
+    created: str
+    metrics: dict[str, Any] = field(default_factory=dict)
+    promoted: bool = False  # ever promoted to production
+    production: bool = False  # in production now
+    note: str = ""
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+class ModelRegistry:
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+
+    # -- storage -------------------------------------------------------------
+    @contextmanager
+    def _locked(self) -> Iterator[dict]:
+        """Read-modify-write of registry.json under an exclusive lock."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            state = self._read()
+            yield state
+            self._write(state)
+
+    def _read(self) -> dict:
+        try:
+            return json.loads((self.root / REGISTRY_FILE).read_text())
+        except FileNotFoundError:
+            return {"production": None, "models": {}, "events": []}
+        except json.JSONDecodeError as exc:
+            raise RegistryError(f"{self.root / REGISTRY_FILE} is unreadable ({exc}); restore it from a backup") from None
+
+    def _write(self, state: dict) -> None:
+        tmp = self.root / f".{REGISTRY_FILE}.tmp"
+        with open(tmp, "w") as fh:
+            json.dump(state, fh, indent=2, sort_keys=True)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.root / REGISTRY_FILE)
+
+    # -- queries -------------------------------------------------------------
+    def entries(self) -> list[ModelEntry]:
+        state = self._read()
+        return [self._entry(v, info, state) for v, info in sorted(state["models"].items())]
+
+    def get(self, version: str) -> ModelEntry:
+        state = self._read()
+        if version not in state["models"]:
+            raise RegistryError(f"unknown model version {version!r}; `evidentia models list` shows them")
+        return self._entry(version, state["models"][version], state)
+
+    def production(self) -> ModelEntry | None:
+        state = self._read()
+        version = state.get("production")
+        return self._entry(version, state["models"][version], state) if version else None
+
+    def production_path(self) -> Path | None:
+        entry = self.production()
+        return entry.path if entry else None
+
+    def events(self) -> list[dict]:
+        return list(self._read().get("events", []))
+
+    def _entry(self, version: str, info: dict, state: dict) -> ModelEntry:
+        return ModelEntry(
+            version=version,
+            path=self.root / version,
+            base_model=info.get("base_model", ""),
+            data_sha256=info.get("data_sha256", ""),
+            created=info.get("created", ""),
+            metrics=info.get("metrics", {}),
+            promoted=bool(info.get("promoted")),
+            production=state.get("production") == version,
+            note=info.get("note", ""),
+        )
+
+    # -- changes -------------------------------------------------------------
+    def register(self, model_dir: Path, metrics: dict[str, Any] | None = None, note: str = "") -> ModelEntry:
+        """Move a directory written by `evidentia train` into the registry under the
+        next version number. The move is a rename on the same file system."""
+        model_dir = Path(model_dir)
+        metadata = ModelMetadata.read(model_dir)  # refuses anything that is not a whole model
+        with self._locked() as state:
+            numbers = [int(v[1:]) for v in state["models"] if v[1:].isdigit()]
+            version = f"v{(max(numbers) + 1) if numbers else 1:04d}"
+            target = self.root / version
+            if target.exists():  # left by a crash between rename and registry write
+                shutil.rmtree(target)
+            os.replace(model_dir, target) if _same_fs(model_dir, self.root) else shutil.move(str(model_dir), target)
+            state["models"][version] = {
+                "base_model": metadata.base_model,
+                "data_sha256": metadata.extra.get("data_sha256", ""),
+                "created": metadata.extra.get("created", _now()),
+                "metrics": metrics if metrics is not None else metadata.metrics,
+                "promoted": False,
+                "note": note,
+            }
+            state["events"].append({"at": _now(), "event": "registered", "version": version, "note": note})
+        return self.get(version)
+
+    def promote(self, version: str, reason: str = "") -> ModelEntry:
+        with self._locked() as state:
+            if version not in state["models"]:
+                raise RegistryError(f"unknown model version {version!r}")
+            if not (self.root / version / METADATA_FILE).exists():
+                raise RegistryError(f"model {version} has no files in {self.root / version}")
+            previous = state.get("production")
+            state["production"] = version
+            state["models"][version]["promoted"] = True
+            state["events"].append({"at": _now(), "event": "promoted", "version": version,
+                                    "previous": previous, "reason": reason})
+        return self.get(version)
+
+    def rollback(self) -> ModelEntry | None:
+        """Back to the model that was in production before the current one
+        (None: back to the default model when no earlier one exists)."""
+        with self._locked() as state:
+            current = state.get("production")
+            if current is None:
+                raise RegistryError("no model is in production: nothing to roll back")
+            history = [e for e in state["events"] if e["event"] in ("promoted", "rolled back")]
+            # walk back over promotions to find what preceded the current model
+            previous = None
+            for event in reversed(history):
+                if event["version"] == current and event["event"] == "promoted":
+                    previous = event.get("previous")
+                    break
+            state["production"] = previous
+            state["events"].append({"at": _now(), "event": "rolled back", "version": previous, "from": current})
+        return self.production()
+
+
+def _same_fs(a: Path, b: Path) -> bool:
+    try:
+        return os.stat(a).st_dev == os.stat(b).st_dev
+    except FileNotFoundError:
+        return False

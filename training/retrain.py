@@ -1,0 +1,209 @@
+"""Retraining from analyst feedback, gated by an evaluation on held-out documents.
+
+One round:
+1. verdicts (exported feedback) are resolved: per (question, answer, document,
+   page) the majority verdict wins; a tie goes to the most recent verdict;
+2. verdicts are grouped into queries (question + answer) and split by document:
+   a document is held out when a seeded hash of its id says so, so the split is
+   the same in every round and a held-out document never reaches training, not
+   even through the base training data;
+3. training set = base records (held-out documents removed) + the training
+   queries' verdicts + BM25 hard negatives for each of them; duplicates removed;
+4. a candidate is trained and registered; candidate and production model are
+   evaluated on the held-out queries with the evaluation metrics (P@3 over the
+   BM25 pool, ECE over its labelled pages);
+5. the candidate is promoted only if P@3 does not drop and ECE does not worsen
+   by more than ``ece_margin``; otherwise production stays and the reason is given.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+from evidentia.evaluation.metrics import expected_calibration_error, precision_at_k, recall_at_k
+from evidentia.evaluation.queries import EvalQuery
+from evidentia.indexer.language import LanguageDetector
+from evidentia.retriever.base import SearchBackend
+from evidentia.retriever.query import build_query
+from evidentia.training.dataset import TrainingRecord, dedupe, records_from_queries, write_records
+from evidentia.training.registry import ModelRegistry
+from evidentia.training.train import TrainParams, train
+
+
+@dataclass(frozen=True)
+class Verdict:
+    question: str
+    answer: str
+    doc_id: str
+    page: int
+    relevant: bool
+    created: str = ""  # ISO time; orders verdicts for the tie rule
+
+
+def resolve_verdicts(verdicts: Iterable[Verdict]) -> dict[tuple[str, str, str, int], bool]:
+    """Majority per (question, answer, doc_id, page); a tie goes to the latest verdict."""
+    grouped: dict[tuple[str, str, str, int], list[Verdict]] = defaultdict(list)
+    for v in verdicts:
+        grouped[(v.question, v.answer, v.doc_id, v.page)].append(v)
+    resolved = {}
+    for key, vs in grouped.items():
+        yes = sum(v.relevant for v in vs)
+        no = len(vs) - yes
+        resolved[key] = yes > no if yes != no else max(vs, key=lambda v: v.created).relevant
+    return resolved
+
+
+def held_out_document(doc_id: str, fraction: float, seed: int = 0) -> bool:
+    """Stable per document: the same answer in every round, whatever else changes."""
+    digest = hashlib.sha256(f"heldout:{seed}:{doc_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < fraction
+
+
+def verdict_queries(resolved: dict[tuple[str, str, str, int], bool]) -> list[EvalQuery]:
+    """Queries with their documents and the pages judged relevant."""
+    by_query: dict[tuple[str, str], dict] = {}
+    for (question, answer, doc_id, page), relevant in resolved.items():
+        q = by_query.setdefault((question, answer), {"docs": set(), "relevant": set()})
+        q["docs"].add(doc_id)
+        if relevant:
+            q["relevant"].add((doc_id, page))
+    out = []
+    for i, ((question, answer), q) in enumerate(sorted(by_query.items())):
+        qid = hashlib.sha1(f"{question}\n{answer}".encode()).hexdigest()[:12]
+        out.append(EvalQuery(id=qid, doc_ids=tuple(sorted(q["docs"])), question=question, answer=answer,
+                             relevant=frozenset(q["relevant"])))
+    return out
+
+
+@dataclass
+class SplitData:
+    train_records: list[TrainingRecord]
+    train_queries: list[EvalQuery]
+    held_out_queries: list[EvalQuery]
+    held_out_docs: set[str]
+
+
+def build_training_set(verdicts: Sequence[Verdict], base_records: Sequence[TrainingRecord], backend: SearchBackend,
+                       detector: LanguageDetector, held_out_fraction: float = 0.3, negatives_per_query: int = 8,
+                       seed: int = 0) -> SplitData:
+    resolved = resolve_verdicts(verdicts)
+    queries = verdict_queries(resolved)
+    docs = {d for q in queries for d in q.doc_ids} | {r.doc_id for r in base_records}
+    held_docs = {d for d in docs if held_out_document(d, held_out_fraction, seed)}
+    # a query touching any held-out document is held out: none of its pages may train
+    held = [q for q in queries if set(q.doc_ids) & held_docs]
+    train_qs = [q for q in queries if not set(q.doc_ids) & held_docs]
+    records: list[TrainingRecord] = [r for r in base_records if r.doc_id not in held_docs]
+    records.extend(records_from_queries(train_qs, backend, detector, negatives_per_query=negatives_per_query))
+    # explicit "not relevant" verdicts are the hardest negatives there are
+    for (question, answer, doc_id, page), relevant in resolved.items():
+        if relevant or doc_id in held_docs:
+            continue
+        p = backend.get_page(doc_id, page)
+        if p is not None and p.text:
+            records.append(TrainingRecord(question, answer, p.text, 0, doc_id, page, "feedback"))
+    return SplitData(dedupe(records), train_qs, held, held_docs)
+
+
+@dataclass
+class ModelScore:
+    p_at_3: float | None
+    r_at_3: float | None
+    ece: float | None
+    queries: int
+
+    def as_dict(self) -> dict:
+        return {"P@3": self.p_at_3, "R@3": self.r_at_3, "ECE": self.ece, "queries": self.queries}
+
+
+def evaluate_model(reranker, queries: Sequence[EvalQuery], backend: SearchBackend, detector: LanguageDetector,
+                   pool_size: int = 20) -> ModelScore:
+    """P@3/R@3 of the reranked BM25 pool (no threshold) and ECE over its pages."""
+    p3, r3, probs, labels = [], [], [], []
+    for q in queries:
+        keywords = build_query(q.question, q.answer, detector).keywords
+        pool = backend.search(keywords, q.doc_ids, pool_size)
+        pages = reranker.rerank(q.question, q.answer, pool).pages
+        ranking = [(p.doc_id, p.page) for p in pages]
+        p3.append(precision_at_k(ranking, q.relevant, 3))
+        r = recall_at_k(ranking, q.relevant, 3)
+        if r is not None:
+            r3.append(r)
+        for p in pages:
+            if p.probability is not None:
+                probs.append(p.probability)
+                labels.append(int((p.doc_id, p.page) in q.relevant))
+    mean = lambda xs: round(sum(xs) / len(xs), 4) if xs else None  # noqa: E731
+    ece = expected_calibration_error(probs, labels) if probs else None
+    return ModelScore(mean(p3), mean(r3), round(ece, 4) if ece is not None else None, len(queries))
+
+
+@dataclass
+class GateDecision:
+    promote: bool
+    reason: str
+    candidate: dict = field(default_factory=dict)
+    production: dict = field(default_factory=dict)
+
+
+def gate(candidate: ModelScore, production: ModelScore, ece_margin: float = 0.02) -> GateDecision:
+    if candidate.queries == 0:
+        return GateDecision(False, "no held-out feedback query to evaluate on: production kept",
+                            candidate.as_dict(), production.as_dict())
+    cp, pp = candidate.p_at_3 or 0.0, production.p_at_3 or 0.0
+    if cp + 1e-9 < pp:
+        return GateDecision(False, f"P@3 would drop from {pp:.3f} to {cp:.3f}: production kept",
+                            candidate.as_dict(), production.as_dict())
+    ce, pe = candidate.ece, production.ece
+    if ce is not None and pe is not None and ce > pe + ece_margin:
+        return GateDecision(False, f"ECE would worsen from {pe:.3f} to {ce:.3f} (margin {ece_margin}): production kept",
+                            candidate.as_dict(), production.as_dict())
+    return GateDecision(True, f"P@3 {pp:.3f} -> {cp:.3f}, ECE {pe} -> {ce}: candidate promoted",
+                        candidate.as_dict(), production.as_dict())
+
+
+@dataclass
+class RetrainResult:
+    version: str | None
+    decision: GateDecision
+    train_records: int
+    held_out_queries: int
+
+
+def retrain(verdicts: Sequence[Verdict], base_records: Sequence[TrainingRecord], backend: SearchBackend,
+            detector: LanguageDetector, registry: ModelRegistry, base_model: str,
+            load_reranker: Callable[[Path | None], object], params: TrainParams = TrainParams(),
+            held_out_fraction: float = 0.3, ece_margin: float = 0.02, seed: int = 0,
+            log: Callable[[str], None] = print) -> RetrainResult:
+    """One retraining round. ``load_reranker(path)`` builds a ClassifierReranker with
+    no threshold for a model directory (None: the current default model)."""
+    data = build_training_set(verdicts, base_records, backend, detector, held_out_fraction, seed=seed)
+    log(f"{len(data.train_records)} training records ({len(data.train_queries)} feedback queries); "
+        f"{len(data.held_out_queries)} held-out queries on {len(data.held_out_docs)} document(s)")
+    with tempfile.TemporaryDirectory(dir=registry.root.parent if registry.root.parent.exists() else None) as tmp:
+        data_file = Path(tmp) / "train.jsonl"
+        digest = write_records(data.train_records, data_file)
+        out = Path(tmp) / "candidate"
+        train(data.train_records, base_model, out, params, data_sha256=digest, log=log)
+        production = registry.production()
+        cand_score = evaluate_model(load_reranker(out), data.held_out_queries, backend, detector)
+        prod_score = evaluate_model(load_reranker(production.path if production else None),
+                                    data.held_out_queries, backend, detector)
+        decision = gate(cand_score, prod_score, ece_margin)
+        entry = registry.register(out, note=decision.reason)
+    registry_metrics = {"held_out": decision.candidate, "production_on_same_split": decision.production}
+    log(f"candidate {entry.version}: {decision.reason}")
+    if decision.promote:
+        registry.promote(entry.version, reason=decision.reason)
+    _record_metrics(registry, entry.version, registry_metrics)
+    return RetrainResult(entry.version, decision, len(data.train_records), len(data.held_out_queries))
+
+
+def _record_metrics(registry: ModelRegistry, version: str, metrics: dict) -> None:
+    with registry._locked() as state:  # noqa: SLF001 - same package
+        state["models"][version].setdefault("metrics", {}).update(metrics)
