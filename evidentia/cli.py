@@ -252,6 +252,11 @@ from evidentia.training.cli import dataset_command, train_command  # noqa: E402
 app.command("dataset")(dataset_command)
 app.command("train")(train_command)
 
+from evidentia.training.models_cli import models_app, retrain_command  # noqa: E402
+
+app.command("retrain")(retrain_command)
+app.add_typer(models_app, name="models")
+
 from evidentia.api.cli import keys_app, serve_command  # noqa: E402
 
 app.command("serve")(serve_command)

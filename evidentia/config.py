@@ -45,6 +45,10 @@ class Settings:
     # Classifier reranker: a directory written by `evidentia train` (None = the shipped CPU model).
     classifier_model: str | None = None
     classifier_threshold: float = 0.15
+    # Retraining: base records merged with feedback, and the in-process schedule
+    # of `evidentia serve` (0 = off; use cron + `evidentia retrain` otherwise).
+    retrain_base_data: Path | None = None
+    retrain_interval_s: int = 0
     classifier_batch_size: int = 16
     classifier_max_length: int | None = None  # None: as trained
     classifier_window_overlap: int | None = None  # None: as trained
@@ -96,6 +100,8 @@ class Settings:
             llm_max_retries=_non_negative_int(env, "EVIDENTIA_LLM_MAX_RETRIES", defaults.llm_max_retries),
             llm_token_budget=_positive_int(env, "EVIDENTIA_LLM_TOKEN_BUDGET", defaults.llm_token_budget),
             classifier_model=env.get("EVIDENTIA_CLASSIFIER_MODEL") or None,
+            retrain_base_data=Path(env["EVIDENTIA_RETRAIN_BASE_DATA"]) if env.get("EVIDENTIA_RETRAIN_BASE_DATA") else None,
+            retrain_interval_s=_non_negative_int(env, "EVIDENTIA_RETRAIN_INTERVAL_S", 0),
             classifier_threshold=_probability(env, "EVIDENTIA_CLASSIFIER_THRESHOLD", defaults.classifier_threshold),
             classifier_batch_size=_positive_int(env, "EVIDENTIA_CLASSIFIER_BATCH_SIZE", defaults.classifier_batch_size),
             classifier_max_length=_positive_int(env, "EVIDENTIA_CLASSIFIER_MAX_LENGTH", 0) or None,

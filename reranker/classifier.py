@@ -14,6 +14,7 @@ from evidentia.reranker.classifier_model import (
     SHIPPED_MODEL_DIR,
     InputFormat,
     load_trained,
+    resolve_model_dir,
     score_margins,
 )
 
@@ -43,7 +44,7 @@ class ClassifierReranker(Reranker):
     @classmethod
     def from_settings(cls, settings: Settings, threshold: float | None = None) -> "ClassifierReranker":
         return cls(
-            model_dir=settings.classifier_model,
+            model_dir=resolve_model_dir(settings),
             threshold=threshold,
             batch_size=settings.classifier_batch_size,
             max_length=settings.classifier_max_length,

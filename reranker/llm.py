@@ -158,10 +158,7 @@ class MalformedAnswer(ValueError):
 
 def parse_answer(content: str | None, n: int) -> list[int]:
     """Page numbers (1..n, best first) from the model's answer; see the module docstring."""
-    if content is None or not content.strip():
-        raise MalformedAnswer("empty answer")
-    text = _FENCE.sub("", content).strip()
-    obj = _find_answer_object(text)
+    obj = find_json_object(content, ANSWER_KEY)
     value = obj[ANSWER_KEY]
     if not isinstance(value, list):
         raise MalformedAnswer(f"{ANSWER_KEY} is not a list")
@@ -175,7 +172,12 @@ def parse_answer(content: str | None, n: int) -> list[int]:
     return kept
 
 
-def _find_answer_object(text: str) -> dict:
+def find_json_object(content: str | None, key: str) -> dict:
+    """The first JSON object in a model's answer that has ``key``; code fences and
+    prose around it are ignored. ``MalformedAnswer`` when there is none."""
+    if content is None or not content.strip():
+        raise MalformedAnswer("empty answer")
+    text = _FENCE.sub("", content).strip()
     decoder = json.JSONDecoder()
     found_object = False
     for i, ch in enumerate(text):
@@ -187,9 +189,9 @@ def _find_answer_object(text: str) -> dict:
             continue
         if isinstance(obj, dict):
             found_object = True
-            if ANSWER_KEY in obj:
+            if key in obj:
                 return obj
-    raise MalformedAnswer(f"missing key {ANSWER_KEY!r}" if found_object else "invalid JSON")
+    raise MalformedAnswer(f"missing key {key!r}" if found_object else "invalid JSON")
 
 
 def _as_page_number(item: Any) -> int | None:
@@ -207,8 +209,9 @@ def _as_page_number(item: Any) -> int | None:
 
 # ---------------------------------------------------------------- requests
 
-class _Failure(Exception):
-    """The reranker must fall back; ``reason`` is one line, without "; BM25 order returned"."""
+class LLMFailure(Exception):
+    """An LLM call failed for good (also used by training/distill.py); ``reason`` is one
+    line (for the reranker: without "; BM25 order returned")."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
@@ -313,7 +316,7 @@ class LLMReranker(Reranker):
             for batch in batches:
                 numbers = self._ask(batch, info)
                 rankings.append([batch.indices[k - 1] for k in numbers])
-        except _Failure as failure:
+        except LLMFailure as failure:
             return RerankResult(pages=passthrough(candidates),
                                 fallback_reason=f"{failure.reason}; BM25 order returned", info=info)
         order = _round_robin(rankings)
@@ -369,7 +372,7 @@ class LLMReranker(Reranker):
         for run in runs:
             batch = self._fit(query, texts, run, floor=1 if len(run) == 1 else MIN_PAGE_TOKENS)
             if batch is None:
-                raise _Failure(f"token budget of {self.token_budget} is too small for the prompt")
+                raise LLMFailure(f"token budget of {self.token_budget} is too small for the prompt")
             batches.append(batch)
         return batches
 
@@ -402,7 +405,8 @@ class LLMReranker(Reranker):
 
     # ------------------------------------------------------------ calling the model
 
-    def _client_or_fail(self):
+    def client_or_fail(self):
+        """The OpenAI client (created on first use); ``LLMFailure`` when it cannot be."""
         if self._client is None:
             try:
                 import openai
@@ -410,7 +414,7 @@ class LLMReranker(Reranker):
                 self._client = openai.OpenAI(api_key=self.api_key, base_url=self.base_url,
                                              timeout=self.timeout_s, max_retries=0)
             except Exception as exc:
-                raise _Failure(f"LLM not configured: {_describe(exc)}") from None
+                raise LLMFailure(f"LLM not configured: {_describe(exc)}") from None
         return self._client
 
     def _ask(self, batch: _Batch, info: dict) -> list[int]:
@@ -418,18 +422,22 @@ class LLMReranker(Reranker):
         n = len(batch.indices)
         last_problem = ""
         for _ in range(2):  # a malformed answer is asked once more
-            content = self._complete(batch.messages, info)
+            content = self.complete(batch.messages, info)
             try:
                 return parse_answer(content, n)
             except MalformedAnswer as exc:
                 last_problem = str(exc)
                 info["malformed_answers"] = info.get("malformed_answers", 0) + 1
-        raise _Failure(f"LLM answer unusable after 2 attempts: {_one_line(last_problem, 100)}")
+        raise LLMFailure(f"LLM answer unusable after 2 attempts: {_one_line(last_problem, 100)}")
 
-    def _complete(self, messages: list[dict], info: dict) -> str | None:
+    def complete(self, messages: list[dict], info: dict) -> str | None:
+        """One chat request (temperature 0) and the answer's content (None when it has none).
+        429, 5xx, timeouts and connection errors are retried ``max_retries`` times with
+        exponential backoff; other 4xx, unexpected errors and exhausted retries raise
+        ``LLMFailure``. ``info["requests"]`` counts the HTTP attempts."""
         import openai
 
-        client = self._client_or_fail()
+        client = self.client_or_fail()
         attempts = self.max_retries + 1
         for attempt in range(attempts):
             info["requests"] += 1
@@ -439,10 +447,10 @@ class LLMReranker(Reranker):
                 error: BaseException = exc
             except openai.APIStatusError as exc:
                 if exc.status_code < 500:
-                    raise _Failure(f"LLM request rejected: {_describe(exc)}") from None
+                    raise LLMFailure(f"LLM request rejected: {_describe(exc)}") from None
                 error = exc
             except Exception as exc:  # unexpected client errors: report, never crash the pipeline
-                raise _Failure(f"LLM request failed: {_describe(exc)}") from None
+                raise LLMFailure(f"LLM request failed: {_describe(exc)}") from None
             else:
                 try:
                     return response.choices[0].message.content
@@ -450,8 +458,8 @@ class LLMReranker(Reranker):
                     return None
             if attempt + 1 < attempts:
                 self._sleep(self.backoff_base_s * 2 ** attempt)
-        raise _Failure(f"LLM unavailable after {attempts} attempt{'s' if attempts != 1 else ''}: "
-                       f"{_describe(error)}")
+        raise LLMFailure(f"LLM unavailable after {attempts} attempt{'s' if attempts != 1 else ''}: "
+                         f"{_describe(error)}")
 
 
 def _water_level(lengths: list[int], available: int) -> int:

@@ -1,6 +1,8 @@
 """Training records for the classifier reranker.
 
-A record is ``{"question", "answer", "page_text", "relevance": 0|1, "doc_id", "page"}``.
+A record is ``{"question", "answer", "page_text", "relevance": 0|1, "doc_id", "page"}``,
+optionally with ``"soft_label"``: the probability (0..1) that the page is relevant, which
+training uses as the target instead of ``relevance`` (distilled labels, training/distill.py).
 Sources:
 - labelled queries (the evaluation format): relevant pages are positives, BM25
   candidates of the same document that are not relevant are hard negatives;
@@ -34,9 +36,14 @@ class TrainingRecord:
     doc_id: str
     page: int | None
     source: str = ""
+    # Probability that the page is relevant (soft target); None: ``relevance`` is the target.
+    soft_label: float | None = None
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), ensure_ascii=False)
+        data = asdict(self)
+        if self.soft_label is None:
+            del data["soft_label"]  # records without one are written as before
+        return json.dumps(data, ensure_ascii=False)
 
 
 class DatasetError(ValueError):
@@ -151,8 +158,14 @@ def read_records(path: Path) -> list[TrainingRecord]:
                     raise DatasetError(f"{path}, line {n}: field {key!r} must be {typ.__name__}")
             if obj["relevance"] not in (0, 1):
                 raise DatasetError(f"{path}, line {n}: relevance must be 0 or 1, not {obj['relevance']}")
+            soft = obj.get("soft_label")
+            if soft is not None:
+                if not isinstance(soft, (int, float)) or isinstance(soft, bool) or not 0.0 <= soft <= 1.0:
+                    raise DatasetError(f"{path}, line {n}: soft_label must be a number between 0 and 1 "
+                                       f"(or null), not {json.dumps(soft)}")
+                soft = float(soft)
             out.append(TrainingRecord(obj["question"], obj["answer"], obj["page_text"], obj["relevance"],
-                                      str(obj.get("doc_id", "")), obj.get("page"), obj.get("source", "")))
+                                      str(obj.get("doc_id", "")), obj.get("page"), obj.get("source", ""), soft))
     if not out:
         raise DatasetError(f"{path}: no records")
     return out

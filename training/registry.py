@@ -23,9 +23,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
-from evidentia.reranker.classifier_model import METADATA_FILE, ModelMetadata
+from evidentia.reranker.classifier_model import METADATA_FILE, MODELS_SUBDIR, REGISTRY_FILE, ModelMetadata
 
-REGISTRY_FILE = "registry.json"
+
+def registry_for(data_dir: Path) -> "ModelRegistry":
+    """The registry the classifier reranker reads (see classifier_model.resolve_model_dir)."""
+    return ModelRegistry(Path(data_dir) / MODELS_SUBDIR)
 
 
 class RegistryError(RuntimeError):

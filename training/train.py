@@ -6,6 +6,12 @@ base model is loaded in 4-bit NF4 (QLoRA); on a CPU the same code runs in full
 precision. At the end: accuracy, F1 and AUROC on a held-out split (by document,
 so no page of a held-out document is ever trained on), and a Platt calibration
 of the probabilities fitted on that split.
+
+Targets: a record's ``soft_label`` (the probability that the page is relevant,
+from distilled LLM judgements) when it has one, else its 0/1 ``relevance``; the
+loss is the cross-entropy against the target distribution ``[1 - p, p]``, which
+for 0/1 targets is the ordinary cross-entropy. The held-out metrics and the
+calibration use the hard ``relevance``.
 """
 
 from __future__ import annotations
@@ -72,6 +78,11 @@ def best_window(tokenizer, record: TrainingRecord, fmt: InputFormat) -> list[int
     def overlap(ids: list[int]) -> int:
         return len(wanted & set(keywords(tokenizer.decode(ids), None)))
     return max(windows, key=overlap)
+
+
+def training_target(record: TrainingRecord) -> float:
+    """The probability of relevance a record is trained towards: its soft label, else 0 or 1."""
+    return float(record.soft_label) if record.soft_label is not None else float(record.relevance)
 
 
 def _lora_model(model, params: TrainParams):
@@ -153,7 +164,7 @@ def train(records: Sequence[TrainingRecord], base_model: str, out_dir: Path, par
     log(f"base {base_model}: {'4-bit NF4 (QLoRA)' if quantized else 'full precision'} on {device}; "
         f"trainable {trainable:,} of {total:,} parameters")
 
-    examples = [(best_window(tokenizer, r, fmt), r.relevance) for r in train_set]
+    examples = [(best_window(tokenizer, r, fmt), training_target(r)) for r in train_set]
     steps_per_epoch = math.ceil(len(examples) / (params.batch_size * params.grad_accum))
     total_steps = params.max_steps or max(1, math.ceil(steps_per_epoch * params.epochs))
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
@@ -174,11 +185,11 @@ def train(records: Sequence[TrainingRecord], base_model: str, out_dir: Path, par
             rng.shuffle(order)
         batch = [examples[order.pop()] for _ in range(min(params.batch_size, len(order)))]
         padded = tokenizer.pad({"input_ids": [ids for ids, _ in batch]}, return_tensors="pt")
-        labels = torch.tensor([label for _, label in batch], device=dev)
-        out = model(input_ids=padded["input_ids"].to(dev), attention_mask=padded["attention_mask"].to(dev),
-                    labels=labels)
-        (out.loss / params.grad_accum).backward()
-        running = out.loss.item() if running is None else 0.9 * running + 0.1 * out.loss.item()
+        targets = torch.tensor([target for _, target in batch], device=dev, dtype=torch.float32)
+        out = model(input_ids=padded["input_ids"].to(dev), attention_mask=padded["attention_mask"].to(dev))
+        loss = torch.nn.functional.cross_entropy(out.logits.float(), torch.stack([1.0 - targets, targets], dim=1))
+        (loss / params.grad_accum).backward()
+        running = loss.item() if running is None else 0.9 * running + 0.1 * loss.item()
         micro += 1
         if micro % params.grad_accum == 0:
             torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)

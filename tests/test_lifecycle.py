@@ -1,0 +1,228 @@
+"""Continuous learning: model registry, verdict resolution, the held-out split,
+the promotion gate, a whole retraining round on a tiny model, and hot reload."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from evidentia.config import Settings
+from evidentia.indexer.language import LanguageDetector
+from evidentia.indexer.pipeline import index_paths
+from evidentia.reranker.classifier_model import SHIPPED_MODEL_DIR, production_model_dir, resolve_model_dir
+from evidentia.retriever.tantivy_backend import TantivyBackend
+from evidentia.samples import write_pdf
+from evidentia.training import retrain as rt
+from evidentia.training.dataset import TrainingRecord
+from evidentia.training.registry import ModelRegistry, RegistryError, registry_for
+from evidentia.training.train import TrainParams
+from tests.tiny_models import ANSWER, QUESTION, irrelevant_page, relevant_page, trained_model
+
+
+@pytest.fixture()
+def tiny(tmp_path_factory):
+    return trained_model("encoder", tmp_path_factory)
+
+
+def copy_model(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+# -- registry -----------------------------------------------------------------
+def test_register_promote_rollback(tmp_path, tiny):
+    _, trained, _ = tiny
+    reg = registry_for(tmp_path)
+    assert reg.entries() == [] and reg.production() is None
+    v1 = reg.register(copy_model(trained, tmp_path / "c1"), note="first")
+    v2 = reg.register(copy_model(trained, tmp_path / "c2"))
+    assert (v1.version, v2.version) == ("v0001", "v0002")
+    assert not (tmp_path / "c1").exists() and (v1.path / "evidentia-model.json").exists()
+    assert v1.base_model and len(v1.data_sha256) == 64 and v1.note == "first"
+    assert production_model_dir(tmp_path) is None
+
+    reg.promote("v0001")
+    reg.promote("v0002")
+    assert reg.production().version == "v0002"
+    assert production_model_dir(tmp_path) == tmp_path / "models" / "v0002"
+    assert [e.version for e in reg.entries() if e.promoted] == ["v0001", "v0002"]
+    assert reg.rollback().version == "v0001"
+    assert reg.rollback() is None  # back to the default model
+    with pytest.raises(RegistryError, match="nothing to roll back"):
+        reg.rollback()
+    events = [e["event"] for e in reg.events()]
+    assert events == ["registered", "registered", "promoted", "promoted", "rolled back", "rolled back"]
+
+
+def test_registry_refuses_bad_input(tmp_path, tiny):
+    reg = registry_for(tmp_path)
+    with pytest.raises(RegistryError, match="unknown model version"):
+        reg.promote("v0042")
+    not_a_model = tmp_path / "junk"
+    not_a_model.mkdir()
+    with pytest.raises(Exception, match="not an Evidentia model directory"):
+        reg.register(not_a_model)
+    assert reg.entries() == []
+    (tmp_path / "models" / "registry.json").write_text("{half")
+    with pytest.raises(RegistryError, match="unreadable"):
+        reg.entries()
+
+
+def test_resolve_model_dir_order(tmp_path, tiny):
+    _, trained, _ = tiny
+    settings = Settings(data_dir=tmp_path)
+    assert resolve_model_dir(settings) == SHIPPED_MODEL_DIR
+    reg = registry_for(tmp_path)
+    reg.promote(reg.register(copy_model(trained, tmp_path / "c")).version)
+    assert resolve_model_dir(settings) == tmp_path / "models" / "v0001"
+    assert resolve_model_dir(settings.with_(classifier_model="/x/y")) == Path("/x/y")
+
+
+# -- verdicts and split ------------------------------------------------------------
+def test_majority_then_latest_verdict_wins():
+    V = rt.Verdict
+    resolved = rt.resolve_verdicts([
+        V("q", "a", "d", 1, True, "2026-01-01"), V("q", "a", "d", 1, False, "2026-01-02"),
+        V("q", "a", "d", 1, True, "2026-01-03"),  # 2 yes vs 1 no: yes
+        V("q", "a", "d", 2, True, "2026-01-05"), V("q", "a", "d", 2, False, "2026-01-04"),  # tie: latest (yes)
+        V("q", "a", "d", 3, False, "2026-01-01"),
+    ])
+    assert resolved == {("q", "a", "d", 1): True, ("q", "a", "d", 2): True, ("q", "a", "d", 3): False}
+    queries = rt.verdict_queries(resolved)
+    assert len(queries) == 1 and queries[0].relevant == {("d", 1), ("d", 2)}
+
+
+def test_held_out_split_is_stable_and_never_leaks(tmp_path):
+    docs = [f"doc{i}" for i in range(40)]
+    held = {d for d in docs if rt.held_out_document(d, 0.3)}
+    assert held == {d for d in docs if rt.held_out_document(d, 0.3)}  # same every round
+    assert 4 <= len(held) <= 20
+    backend, detector, verdicts, base = _feedback_world(tmp_path, n_docs=8)
+    data = rt.build_training_set(verdicts, base, backend, detector, held_out_fraction=0.5)
+    assert data.held_out_docs and data.held_out_queries
+    assert not {r.doc_id for r in data.train_records} & data.held_out_docs
+    assert all(not set(q.doc_ids) & data.held_out_docs for q in data.train_queries)
+    # explicit negative verdicts and BM25 hard negatives are both there
+    assert {r.source for r in data.train_records} >= {"queries", "feedback", "base"}
+
+
+def test_gate_rules():
+    S = rt.ModelScore
+    assert rt.gate(S(0.5, 0.6, 0.10, 5), S(0.4, 0.5, 0.10, 5)).promote
+    drop = rt.gate(S(0.3, 0.6, 0.05, 5), S(0.4, 0.5, 0.10, 5))
+    assert not drop.promote and "P@3 would drop" in drop.reason
+    worse = rt.gate(S(0.5, 0.6, 0.20, 5), S(0.5, 0.5, 0.10, 5), ece_margin=0.05)
+    assert not worse.promote and "ECE would worsen" in worse.reason
+    assert rt.gate(S(0.5, 0.6, 0.14, 5), S(0.5, 0.5, 0.10, 5), ece_margin=0.05).promote
+    assert not rt.gate(S(None, None, None, 0), S(None, None, None, 0)).promote
+
+
+# -- a whole round ------------------------------------------------------------
+def _feedback_world(tmp_path: Path, n_docs: int = 8):
+    """Documents whose page 1 is about emissions (relevant) and pages 2-3 are not."""
+    pdfs = tmp_path / "pdfs"
+    pdfs.mkdir()
+    for i in range(n_docs):
+        write_pdf(pdfs / f"doc{i}.pdf", [relevant_page(i, 40), irrelevant_page(i, 40), irrelevant_page(i + 1, 40)])
+    backend = TantivyBackend(tmp_path / "index")
+    detector = LanguageDetector()
+    index_paths([pdfs], backend, detector)
+    verdicts = []
+    for i in range(n_docs):
+        # one supplier per document, so one query per document (the answer differs)
+        answer = f"{ANSWER} {i}"
+        verdicts.append(rt.Verdict(QUESTION, answer, f"doc{i}", 1, True, f"2026-01-0{1 + i % 9}"))
+        verdicts.append(rt.Verdict(QUESTION, answer, f"doc{i}", 2, False, f"2026-01-0{1 + i % 9}"))
+    base = [TrainingRecord(QUESTION, ANSWER, relevant_page(50 + i), 1, f"base{i}", 1, "base") for i in range(3)]
+    base += [TrainingRecord(QUESTION, ANSWER, irrelevant_page(50 + i), 0, f"base{i}", 2, "base") for i in range(3)]
+    return backend, detector, verdicts, base
+
+
+def _load(path):
+    from evidentia.reranker.classifier import ClassifierReranker
+
+    return ClassifierReranker(path, threshold=None)
+
+
+def test_retrain_round_registers_and_gates(tmp_path, tiny):
+    base_dir, trained, _ = tiny
+    backend, detector, verdicts, base = _feedback_world(tmp_path)
+    reg = ModelRegistry(tmp_path / "models")
+    reg.promote(reg.register(copy_model(trained, tmp_path / "prod")).version)
+    params = TrainParams(max_steps=6, learning_rate=1e-2, warmup_ratio=0.0, eval_fraction=0.3)
+    result = rt.retrain(verdicts, base, backend, detector, reg, str(base_dir), _load, params=params,
+                        held_out_fraction=0.5, log=lambda m: None)
+    assert result.version == "v0002" and result.held_out_queries >= 1
+    entry = reg.get("v0002")
+    assert entry.metrics["held_out"]["queries"] == result.held_out_queries
+    assert "production_on_same_split" in entry.metrics
+    expected = "v0002" if result.decision.promote else "v0001"
+    assert reg.production().version == expected
+    c, p = result.decision.candidate, result.decision.production
+    assert result.decision.promote == (c["P@3"] >= p["P@3"] and (c["ECE"] is None or p["ECE"] is None
+                                                                  or c["ECE"] <= p["ECE"] + 0.02))
+
+
+def test_failed_retraining_changes_nothing(tmp_path, tiny, monkeypatch):
+    base_dir, trained, _ = tiny
+    backend, detector, verdicts, base = _feedback_world(tmp_path)
+    reg = ModelRegistry(tmp_path / "models")
+    reg.promote(reg.register(copy_model(trained, tmp_path / "prod")).version)
+    before = (reg.root / "registry.json").read_text()
+
+    def broken_train(*args, **kwargs):
+        raise KeyboardInterrupt  # e.g. the job was killed mid-training
+
+    monkeypatch.setattr(rt, "train", broken_train)
+    with pytest.raises(KeyboardInterrupt):
+        rt.retrain(verdicts, base, backend, detector, reg, str(base_dir), _load, log=lambda m: None)
+    assert (reg.root / "registry.json").read_text() == before
+    assert sorted(p.name for p in reg.root.iterdir() if not p.name.startswith(".")) == ["registry.json", "v0001"]
+    assert reg.production().version == "v0001"
+
+
+# -- hot reload ---------------------------------------------------------------
+def test_reranker_cache_follows_promotions(tmp_path, tiny):
+    from evidentia.api.services import RerankerCache, model_version
+
+    _, trained, _ = tiny
+    settings = Settings(data_dir=tmp_path)
+    reg = registry_for(tmp_path)
+    v1 = reg.register(copy_model(trained, tmp_path / "a")).version
+    v2 = reg.register(copy_model(trained, tmp_path / "b")).version
+    reg.promote(v1)
+    cache = RerankerCache(settings)
+    first = cache.get("classifier", 0.2)
+    assert first.model_dir.name == v1 and model_version(first).startswith(v1)
+    assert cache.get("classifier", 0.2) is first  # cached while nothing changes
+    reg.promote(v2)
+    second = cache.get("classifier", 0.2)
+    assert second.model_dir.name == v2 and model_version(second).startswith(v2)
+    assert cache.get("classifier", 0.4).model_dir.name == v2  # other thresholds follow too
+    reg.rollback()
+    assert cache.get("classifier", 0.2).model_dir.name == v1
+
+
+def test_models_cli(tmp_path, tiny, monkeypatch):
+    from typer.testing import CliRunner
+
+    from evidentia.cli import app
+
+    _, trained, _ = tiny
+    monkeypatch.setenv("EVIDENTIA_DATA_DIR", str(tmp_path))
+    reg = registry_for(tmp_path)
+    reg.register(copy_model(trained, tmp_path / "a"))
+    runner = CliRunner()
+    out = runner.invoke(app, ["models", "list"])
+    assert out.exit_code == 0 and "v0001" in out.output and "never promoted" in out.output
+    assert runner.invoke(app, ["models", "promote", "v0001"]).exit_code == 0
+    listed = json.loads(runner.invoke(app, ["models", "list", "--json"]).output)
+    assert listed[0]["production"] is True
+    bad = runner.invoke(app, ["models", "promote", "v0009"])
+    assert bad.exit_code != 0 and "unknown model version" in bad.output
+    assert "default model" in runner.invoke(app, ["models", "rollback"]).output
+    none = runner.invoke(app, ["retrain"])
+    assert none.exit_code != 0 and "no feedback" in none.output

