@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from evidentia.api.errors import DESCRIPTIONS, install_handlers
 from evidentia.api.metrics import BodyLimitMiddleware, MetricsMiddleware
 from evidentia.api.routers import admin, documents, feedback, health, validate
+from evidentia.api.routers.ui import install_ui
 from evidentia.api.services import Services
 from evidentia.config import Settings
 
@@ -65,6 +66,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     for module in (documents, validate, feedback, admin, health):
         app.include_router(module.router)
+    install_ui(app)  # the analysts' page at /ui (/ redirects there)
     _use_error_shape_in_openapi(app)
     return app
 

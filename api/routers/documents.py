@@ -14,6 +14,7 @@ from fastapi.concurrency import run_in_threadpool
 
 from evidentia.api.deps import Caller, get_services, require_backend, require_tenant, run_blocking
 from evidentia.api.errors import ApiError, errors
+from evidentia.api.highlight import MAX_HIGHLIGHT_CHARS, MAX_TERMS, highlight_terms, mark_page
 from evidentia.api.indexing import internal_id
 from evidentia.api.schemas import DocumentAccepted, DocumentList, DocumentOut, PageOut
 from evidentia.api.services import Services
@@ -209,11 +210,13 @@ def _page_number(row: DocumentRow, page: int) -> None:
                        {"document_id": row.document_id, "page": page, "pages": row.pages})
 
 
-def _render_png(path: str, page: int, width: int) -> bytes:
+def _render_png(path: str, page: int, width: int, terms: list[str] | None = None) -> bytes:
     import pymupdf
 
     with pymupdf.open(path, filetype="pdf") as doc:
         p = doc.load_page(page - 1)
+        if terms:
+            mark_page(p, terms)  # in memory only: the stored PDF is never written
         rect = p.rect
         zoom = width / rect.width if rect.width else 1.0
         if rect.height * zoom > PNG_MAX_HEIGHT:
@@ -232,12 +235,16 @@ async def page_png(
     document_id: str = DocumentId,
     page: int = PathParam(..., ge=1, description="1-based page number."),
     width: int = Query(800, ge=PNG_MIN_WIDTH, le=PNG_MAX_WIDTH, description="Image width in pixels."),
+    highlight: str | None = Query(None, max_length=MAX_HIGHLIGHT_CHARS,
+                                  description="Words to mark on the page, e.g. the query's keywords (numbers "
+                                  "match as normalised, `12450` marks `12,450`; words by their first six "
+                                  f"letters; at most {MAX_TERMS} terms)."),
     caller: Caller = Depends(require_tenant),
     services: Services = Depends(get_services),
 ) -> Response:
     row = await run_in_threadpool(find_document, services, caller, document_id)
     _page_number(row, page)
-    png = await run_blocking(services, _render_png, row.file_path, page, width)
+    png = await run_blocking(services, _render_png, row.file_path, page, width, highlight_terms(highlight))
     return Response(content=png, media_type="image/png", headers={"Cache-Control": "private, max-age=3600"})
 
 

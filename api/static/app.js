@@ -1,0 +1,578 @@
+// The analysts' page: sign in with an API key, upload PDFs, validate an answer,
+// judge the evidence pages. Plain DOM, no framework; every call goes to the
+// /v1 API with the key in X-API-Key. Text from documents is only ever set with
+// textContent / text nodes (see keywords.js), never parsed as HTML.
+
+import { appendHighlighted, keywords } from "./keywords.js";
+
+const KEY_STORE = "evidentia.apiKey";
+const ANALYST_STORE = "evidentia.analyst";
+const POLL_MS = 1000;
+const THUMB_WIDTH = 360;
+const LARGE_WIDTH = 1100;
+const THUMB_CONCURRENCY = 3;
+
+const $ = (id) => document.getElementById(id);
+
+const state = {
+  key: null,
+  documents: [],          // GET /v1/documents
+  selected: new Set(),    // ticked document ids
+  uploading: new Map(),   // local name -> file name, while the POST runs
+  autoSelect: new Set(),  // ids uploaded here: ticked once ready
+  pollTimer: null,
+  validation: null,       // last POST /v1/validate answer
+  terms: [],              // keywords of its question + answer
+  objectUrls: new Set(),  // thumbnails to revoke
+};
+
+// -- API ----------------------------------------------------------------------
+class ApiError extends Error {
+  constructor(status, code, message, details) {
+    super(message);
+    this.status = status;
+    this.code = code;
+    this.details = details;
+  }
+}
+
+async function api(path, { method = "GET", json, form, key = state.key, as = "json" } = {}) {
+  const headers = { "X-API-Key": key || "" };
+  let body;
+  if (json !== undefined) {
+    headers["Content-Type"] = "application/json";
+    body = JSON.stringify(json);
+  } else if (form) {
+    body = form;
+  }
+  let response;
+  try {
+    // page images may come from the browser cache (the server allows an hour); JSON never
+    response = await fetch(path, { method, headers, body, cache: as === "blob" ? "default" : "no-store" });
+  } catch (err) {
+    throw new ApiError(0, "network", "Cannot reach the Evidentia server; check that it is running and retry.");
+  }
+  if (!response.ok) {
+    let error = { code: "error", message: `${response.status} ${response.statusText}`, details: null };
+    try {
+      const payload = await response.json();
+      if (payload && payload.error) error = payload.error;
+    } catch (_) { /* not JSON: keep the status line */ }
+    if (response.status === 401 && key === state.key && state.key) {
+      signOut(`Your API key is no longer accepted: ${error.message}`);
+    }
+    throw new ApiError(response.status, error.code, error.message, error.details);
+  }
+  if (as === "blob") return response.blob();
+  if (as === "text") return response.text();
+  return response.status === 204 ? null : response.json();
+}
+
+const docPath = (id) => `/v1/documents/${encodeURIComponent(id)}`;
+
+// -- messages -----------------------------------------------------------------
+function showError(message) {
+  $("banner-text").textContent = message;
+  $("banner").hidden = false;
+}
+
+function clearError() {
+  $("banner").hidden = true;
+  $("banner-text").textContent = "";
+}
+
+function friendly(err) {
+  const d = err.details;
+  switch (err.code) {
+    case "document_not_ready": {
+      const items = Array.isArray(d) ? d : d ? [d] : [];
+      const parts = items.map((x) => (x.status === "failed"
+        ? `${x.document_id} failed to index (${x.reason || "unknown reason"}); upload it again`
+        : `${x.document_id} is still ${x.status}; wait until it shows "ready"`));
+      return parts.length ? parts.join(". ") + "." : err.message;
+    }
+    case "rate_limited":
+      return `Too many requests: ${err.message}`;
+    case "reranker_unavailable":
+      return `${err.message}. Choose another reranker.`;
+    default:
+      return err.message;
+  }
+}
+
+// -- sign in / out ------------------------------------------------------------
+async function signIn(event) {
+  event.preventDefault();
+  clearError();
+  const key = $("api-key").value.trim();
+  if (!key) {
+    showError("Paste your API key first.");
+    $("api-key").focus();
+    return;
+  }
+  $("login-button").disabled = true;
+  try {
+    const list = await api("/v1/documents", { key });
+    state.key = key;
+    sessionStorage.setItem(KEY_STORE, key);
+    sessionStorage.setItem(ANALYST_STORE, $("analyst").value.trim());
+    $("api-key").value = "";
+    enterWorkspace(list.documents);
+  } catch (err) {
+    showError(err.status === 401 ? `This API key was not accepted: ${err.message}` : friendly(err));
+  } finally {
+    $("login-button").disabled = false;
+  }
+}
+
+function signOut(message) {
+  sessionStorage.removeItem(KEY_STORE);
+  state.key = null;
+  clearTimeout(state.pollTimer);
+  state.pollTimer = null;
+  state.documents = [];
+  state.selected.clear();
+  state.autoSelect.clear();
+  state.validation = null;
+  revokeThumbnails();
+  $("result-list").replaceChildren();
+  $("results").hidden = true;
+  $("doc-list").replaceChildren();
+  $("workspace").hidden = true;
+  $("session").hidden = true;
+  $("login").hidden = false;
+  $("analyst").value = sessionStorage.getItem(ANALYST_STORE) || "";
+  if (message) showError(message); else clearError();
+  $("api-key").focus();
+}
+
+function enterWorkspace(documents) {
+  const analyst = sessionStorage.getItem(ANALYST_STORE);
+  $("session-label").textContent = analyst ? `Signed in as ${analyst}` : "Signed in";
+  $("login").hidden = true;
+  $("workspace").hidden = false;
+  $("session").hidden = false;
+  setDocuments(documents);
+  $("question").focus();
+}
+
+// -- documents ----------------------------------------------------------------
+function setDocuments(documents) {
+  state.documents = documents;
+  for (const d of documents) {
+    if (d.status === "ready" && state.autoSelect.has(d.document_id)) {
+      state.selected.add(d.document_id);
+      state.autoSelect.delete(d.document_id);
+    }
+  }
+  const known = new Set(documents.filter((d) => d.status === "ready").map((d) => d.document_id));
+  for (const id of [...state.selected]) if (!known.has(id)) state.selected.delete(id);
+  renderDocuments();
+  schedulePoll();
+}
+
+function statusText(d) {
+  if (d.status === "ready") {
+    const pages = d.pages === 1 ? "1 page" : `${d.pages} pages`;
+    return d.empty_pages ? `${pages}, ${d.empty_pages} without text` : pages;
+  }
+  if (d.status === "failed") return d.reason || "indexing failed";
+  return d.status === "queued" ? "waiting to be indexed…" : "indexing…";
+}
+
+function renderDocuments() {
+  const list = $("doc-list");
+  const items = [];
+  for (const [name, filename] of state.uploading) {
+    const li = document.createElement("li");
+    li.className = "doc uploading";
+    li.dataset.status = "uploading";
+    const title = document.createElement("span");
+    title.className = "doc-name";
+    title.textContent = filename;
+    const badge = badgeFor("uploading");
+    const info = document.createElement("span");
+    info.className = "doc-info muted";
+    info.textContent = "uploading…";
+    li.append(document.createElement("span"), title, badge, info);
+    li.dataset.name = name;
+    items.push(li);
+  }
+  for (const d of state.documents) {
+    const li = document.createElement("li");
+    li.className = `doc ${d.status}`;
+    li.dataset.documentId = d.document_id;
+    li.dataset.status = d.status;
+    const box = document.createElement("input");
+    box.type = "checkbox";
+    box.id = `doc-${d.document_id}`;
+    box.className = "doc-check";
+    box.value = d.document_id;
+    box.disabled = d.status !== "ready";
+    box.checked = state.selected.has(d.document_id);
+    box.addEventListener("change", () => {
+      if (box.checked) state.selected.add(d.document_id); else state.selected.delete(d.document_id);
+    });
+    const title = document.createElement("label");
+    title.className = "doc-name";
+    title.htmlFor = box.id;
+    title.textContent = d.document_id;
+    title.title = d.filename;
+    const info = document.createElement("span");
+    info.className = "doc-info" + (d.status === "failed" ? " error-text" : " muted");
+    info.textContent = statusText(d);
+    li.append(box, title, badgeFor(d.status), info);
+    items.push(li);
+  }
+  list.replaceChildren(...items);
+  $("doc-empty").hidden = items.length > 0;
+}
+
+function badgeFor(status) {
+  const badge = document.createElement("span");
+  badge.className = `badge badge-${status}`;
+  badge.textContent = status;
+  return badge;
+}
+
+function schedulePoll() {
+  clearTimeout(state.pollTimer);
+  state.pollTimer = null;
+  const pending = state.documents.some((d) => d.status === "queued" || d.status === "indexing");
+  if (pending && state.key) state.pollTimer = setTimeout(refreshDocuments, POLL_MS);
+}
+
+async function refreshDocuments() {
+  if (!state.key) return;
+  try {
+    const list = await api("/v1/documents");
+    setDocuments(list.documents);
+  } catch (err) {
+    if (err.status !== 401) {
+      showError(`Could not refresh the documents: ${friendly(err)}`);
+      state.pollTimer = setTimeout(refreshDocuments, POLL_MS * 3);
+    }
+  }
+}
+
+let uploadCounter = 0;
+
+async function uploadFiles() {
+  const input = $("file-input");
+  const files = [...input.files];
+  input.value = "";
+  if (!files.length) return;
+  clearError();
+  const failures = [];
+  await Promise.all(files.map(async (file) => {
+    const name = `u${++uploadCounter}`;
+    state.uploading.set(name, file.name);
+    renderDocuments();
+    const form = new FormData();
+    form.append("file", file, file.name);
+    try {
+      const accepted = await api("/v1/documents", { method: "POST", form });
+      state.autoSelect.add(accepted.document_id);
+    } catch (err) {
+      failures.push(`${file.name}: ${friendly(err)}`);
+    } finally {
+      state.uploading.delete(name);
+    }
+  }));
+  if (failures.length) showError(`Upload failed. ${failures.join(" ")}`);
+  await refreshDocuments();
+}
+
+// -- validate -----------------------------------------------------------------
+function readForm() {
+  const question = $("question").value.trim();
+  const answer = $("answer").value.trim();
+  const reranker = $("reranker").value;
+  const body = { question, answer, document_ids: [...state.selected], reranker };
+  const problems = [];
+  if (!body.document_ids.length) {
+    const pending = state.documents.filter((d) => d.status === "queued" || d.status === "indexing");
+    problems.push(pending.length
+      ? `Select a document: ${pending.map((d) => d.document_id).join(", ")} is still indexing, wait until it is ready.`
+      : state.documents.length ? "Select at least one ready document." : "Upload a PDF first, then select it.");
+  }
+  if (!question) problems.push("Type the question.");
+  if (!answer) problems.push("Type the supplier's answer.");
+  const thresholdRaw = $("threshold").value.trim();
+  if (reranker === "classifier" && thresholdRaw !== "") {
+    const t = Number(thresholdRaw);
+    if (!Number.isFinite(t) || t < 0 || t > 1) problems.push("The threshold is a probability between 0 and 1.");
+    else body.threshold = t;
+  }
+  const topKRaw = $("top-k").value.trim();
+  if (topKRaw !== "") {
+    const k = Number(topKRaw);
+    if (!Number.isInteger(k) || k < 1) problems.push("Candidate pages must be a whole number of at least 1.");
+    else body.top_k = k;
+  }
+  return { body, problems };
+}
+
+async function validate(event) {
+  event.preventDefault();
+  clearError();
+  const { body, problems } = readForm();
+  if (problems.length) {
+    showError(problems.join(" "));
+    return;
+  }
+  const button = $("validate-button");
+  button.disabled = true;
+  button.textContent = "Validating…";
+  try {
+    const result = await api("/v1/validate", { method: "POST", json: body });
+    state.validation = result;
+    state.terms = keywords(`${body.question} ${body.answer}`);
+    renderResults(result);
+  } catch (err) {
+    showError(friendly(err));
+    if (err.code === "document_not_ready" || err.code === "document_not_found") refreshDocuments();
+  } finally {
+    button.disabled = false;
+    button.textContent = "Validate";
+  }
+}
+
+function formatScore(page, reranker) {
+  if (page.probability !== null && page.probability !== undefined) {
+    return `probability ${page.probability.toFixed(2)}`;
+  }
+  if (reranker === "llm") return `LLM rank score ${page.score.toFixed(2)}`;
+  return `BM25 score ${page.score.toFixed(2)}`;
+}
+
+function renderResults(result) {
+  revokeThumbnails();
+  const n = result.pages.length;
+  const total = result.timings_ms && result.timings_ms.total;
+  $("results-summary").textContent = `${n} ${n === 1 ? "page" : "pages"} · reranker ${result.reranker}` +
+    (total !== undefined ? ` · ${Math.round(total)} ms` : "") +
+    (result.model_version ? ` · model ${result.model_version}` : "");
+  const fallback = $("fallback");
+  if (result.fallback_reason) {
+    const label = result.reranker === "llm" || $("reranker").value === "llm" ? "The LLM was unavailable"
+      : "The reranker failed";
+    fallback.textContent = `${label}, so the pages are shown in BM25 order. (${result.fallback_reason})`;
+    fallback.hidden = false;
+  } else {
+    fallback.hidden = true;
+    fallback.textContent = "";
+  }
+  $("no-results").hidden = n > 0;
+  const items = result.pages.map((page, i) => resultItem(page, i + 1, result));
+  $("result-list").replaceChildren(...items);
+  $("results").hidden = false;
+  loadThumbnails(items);
+}
+
+function resultItem(page, rank, result) {
+  const li = document.createElement("li");
+  li.className = "result";
+  li.dataset.documentId = page.document_id;
+  li.dataset.page = String(page.page);
+
+  const thumb = document.createElement("button");
+  thumb.type = "button";
+  thumb.className = "thumb";
+  thumb.title = "Open a larger view";
+  thumb.setAttribute("aria-label", `Open page ${page.page} of ${page.document_id}`);
+  const img = document.createElement("img");
+  img.alt = `Page ${page.page} of ${page.document_id}`;
+  img.className = "thumb-img";
+  const placeholder = document.createElement("span");
+  placeholder.className = "thumb-status muted";
+  placeholder.textContent = "rendering…";
+  thumb.append(img, placeholder);
+  thumb.addEventListener("click", () => openViewer(page));
+
+  const body = document.createElement("div");
+  body.className = "result-body";
+  const meta = document.createElement("div");
+  meta.className = "result-meta";
+  const rankEl = document.createElement("span");
+  rankEl.className = "rank";
+  rankEl.textContent = `#${rank}`;
+  const where = document.createElement("button");
+  where.type = "button";
+  where.className = "link where";
+  where.textContent = `${page.document_id} · page ${page.page}`;
+  where.addEventListener("click", () => openViewer(page));
+  const score = document.createElement("span");
+  score.className = "score";
+  score.textContent = formatScore(page, result.reranker);
+  meta.append(rankEl, where, score);
+
+  const snippet = document.createElement("p");
+  snippet.className = "snippet";
+  appendHighlighted(snippet, page.snippet, state.terms);
+
+  const verdict = document.createElement("div");
+  verdict.className = "verdict";
+  const yes = document.createElement("button");
+  yes.type = "button";
+  yes.className = "verdict-yes";
+  yes.textContent = "✓ Relevant";
+  const no = document.createElement("button");
+  no.type = "button";
+  no.className = "verdict-no";
+  no.textContent = "✗ Not relevant";
+  const status = document.createElement("span");
+  status.className = "verdict-status";
+  status.setAttribute("role", "status");
+  yes.addEventListener("click", () => sendFeedback(page, true, { yes, no, status }));
+  no.addEventListener("click", () => sendFeedback(page, false, { yes, no, status }));
+  verdict.append(yes, no, status);
+
+  body.append(meta, snippet, verdict);
+  li.append(thumb, body);
+  return li;
+}
+
+async function sendFeedback(page, relevant, { yes, no, status }) {
+  const validation = state.validation;
+  if (!validation) return;
+  yes.disabled = no.disabled = true;
+  status.className = "verdict-status muted";
+  status.textContent = "saving…";
+  const analyst = sessionStorage.getItem(ANALYST_STORE) || null;
+  try {
+    await api("/v1/feedback", {
+      method: "POST",
+      json: { validation_id: validation.validation_id, document_id: page.document_id, page: page.page, relevant, analyst },
+    });
+    if (state.validation !== validation) return;
+    yes.classList.toggle("chosen", relevant);
+    no.classList.toggle("chosen", !relevant);
+    yes.setAttribute("aria-pressed", String(relevant));
+    no.setAttribute("aria-pressed", String(!relevant));
+    status.className = "verdict-status ok";
+    status.textContent = `Recorded: ${relevant ? "relevant" : "not relevant"}`;
+  } catch (err) {
+    status.className = "verdict-status error-text";
+    status.textContent = `Not recorded: ${friendly(err)}`;
+  } finally {
+    yes.disabled = no.disabled = false;
+  }
+}
+
+// -- page images ----------------------------------------------------------------
+function pngUrl(page, width) {
+  const params = new URLSearchParams({ width: String(width) });
+  const highlight = state.terms.join(" ").slice(0, 500);
+  if (highlight) params.set("highlight", highlight);
+  return `${docPath(page.document_id)}/pages/${page.page}.png?${params}`;
+}
+
+async function fetchImage(page, width) {
+  const blob = await api(pngUrl(page, width), { as: "blob" });
+  const url = URL.createObjectURL(blob);
+  state.objectUrls.add(url);
+  return url;
+}
+
+function revokeThumbnails() {
+  for (const url of state.objectUrls) URL.revokeObjectURL(url);
+  state.objectUrls.clear();
+}
+
+function loadThumbnails(items) {
+  const validation = state.validation;
+  const queue = items.map((li) => li);
+  const worker = async () => {
+    while (queue.length && state.validation === validation) {
+      const li = queue.shift();
+      const img = li.querySelector(".thumb-img");
+      const status = li.querySelector(".thumb-status");
+      try {
+        const url = await fetchImage({ document_id: li.dataset.documentId, page: Number(li.dataset.page) },
+          THUMB_WIDTH);
+        if (state.validation !== validation) return;
+        img.addEventListener("load", () => { status.remove(); li.classList.add("loaded"); }, { once: true });
+        img.src = url;
+      } catch (err) {
+        status.textContent = "no image";
+        status.title = friendly(err);
+      }
+    }
+  };
+  for (let i = 0; i < THUMB_CONCURRENCY; i++) worker();
+}
+
+// -- larger view --------------------------------------------------------------
+let viewerToken = 0;
+
+async function openViewer(page) {
+  const token = ++viewerToken;
+  const dialog = $("viewer");
+  $("viewer-title").textContent = `${page.document_id} · page ${page.page}`;
+  const img = $("viewer-img");
+  img.removeAttribute("src");
+  img.alt = `Page ${page.page} of ${page.document_id}`;
+  img.hidden = true;
+  $("viewer-img-status").textContent = "Rendering the page…";
+  $("viewer-img-status").hidden = false;
+  const text = $("viewer-text");
+  text.replaceChildren();
+  text.textContent = "Loading the text…";
+  if (!dialog.open) dialog.showModal();
+
+  fetchImage(page, LARGE_WIDTH).then((url) => {
+    if (token !== viewerToken) return;
+    img.src = url;
+    img.hidden = false;
+    $("viewer-img-status").hidden = true;
+  }).catch((err) => {
+    if (token === viewerToken) $("viewer-img-status").textContent = `No image: ${friendly(err)}`;
+  });
+  try {
+    const data = await api(`${docPath(page.document_id)}/pages/${page.page}`);
+    if (token !== viewerToken) return;
+    text.replaceChildren();
+    if (!data.text) text.textContent = "(this page has no extractable text: a scan or a blank page)";
+    else appendHighlighted(text, data.text, state.terms);
+  } catch (err) {
+    if (token === viewerToken) text.textContent = `The text could not be loaded: ${friendly(err)}`;
+  }
+}
+
+function closeViewer() {
+  viewerToken++;
+  const dialog = $("viewer");
+  if (dialog.open) dialog.close();
+}
+
+// -- wiring -------------------------------------------------------------------
+function init() {
+  $("login-form").addEventListener("submit", signIn);
+  $("logout").addEventListener("click", () => signOut());
+  $("banner-close").addEventListener("click", clearError);
+  $("file-input").addEventListener("change", uploadFiles);
+  $("validate-form").addEventListener("submit", validate);
+  $("reranker").addEventListener("change", () => {
+    const classifier = $("reranker").value === "classifier";
+    $("threshold").disabled = !classifier;
+    if (!classifier) $("threshold").value = "";
+  });
+  $("viewer-close").addEventListener("click", closeViewer);
+  $("viewer").addEventListener("click", (e) => { if (e.target === $("viewer")) closeViewer(); });
+  $("viewer").addEventListener("close", () => { viewerToken++; });
+
+  const key = sessionStorage.getItem(KEY_STORE);
+  if (!key) {
+    signOut();
+    return;
+  }
+  api("/v1/documents", { key }).then((list) => {
+    state.key = key;
+    enterWorkspace(list.documents);
+  }).catch((err) => {
+    signOut(err.status === 401 ? `Your API key is no longer accepted: ${err.message}` : friendly(err));
+  });
+}
+
+init();

@@ -1,0 +1,389 @@
+"""The analysts' web page (/ui), end to end: headless Chromium (Debian's chromium
++ chromium-driver, driven by Selenium) against a real `evidentia serve`.
+
+The browser tests skip cleanly where Chromium, its driver or selenium is
+missing (.ci/run installs them). With EVIDENTIA_UI_SCREENSHOTS=docs the session
+test saves ui-results.png and ui-page-view.png there (the README's screenshots).
+
+The highlight tests at the end need no browser.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pymupdf
+import pytest
+
+from evidentia.api.highlight import MAX_MARKS, highlight_terms, mark_page
+from evidentia.samples import SAMPLE_ANSWER, SAMPLE_QUESTION, write_sample_report
+from test_api_server import Server, evidentia_exe
+
+CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
+CHROMEDRIVER_CANDIDATES = ("/usr/bin/chromedriver", "/usr/lib/chromium/chromedriver")
+CHROME_FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                "--disable-extensions", "--disable-default-apps", "--window-size=1360,1000")
+WAIT_S = 30
+
+
+def _first(paths: tuple[str, ...], name: str) -> str | None:
+    for p in paths:
+        if os.access(p, os.X_OK):
+            return p
+    return shutil.which(name)
+
+
+def closed_port() -> int:
+    """A loopback port with nothing listening (bound, then released)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- fixtures -------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install -e '.[test]')")
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    chromium = _first(CHROMIUM_CANDIDATES, "chromium")
+    driver_path = _first(CHROMEDRIVER_CANDIDATES, "chromedriver")
+    if not chromium or not driver_path:
+        pytest.skip("no Chromium here (apt-get install chromium chromium-driver); .ci/run installs it")
+    options = Options()
+    options.binary_location = chromium
+    for flag in CHROME_FLAGS:
+        options.add_argument(flag)
+    options.add_argument(f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}")
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # to catch script errors and CSP violations
+    log = tmp_path_factory.mktemp("chromedriver") / "chromedriver.log"
+    try:
+        driver = webdriver.Chrome(service=Service(executable_path=driver_path, log_output=str(log)), options=options)
+    except Exception as exc:  # a broken install: say why rather than erroring every test
+        pytest.skip(f"Chromium did not start: {str(exc).splitlines()[0]}")
+    driver.set_page_load_timeout(WAIT_S)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """`evidentia serve` with the `none` reranker by default, no dense embeddings
+    (fast), and an LLM endpoint on a port where nothing listens."""
+    home = tmp_path_factory.mktemp("ui-server")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("EVIDENTIA_", "OPENAI_"))}
+    env.update(EVIDENTIA_DATA_DIR=str(home / "data"), EVIDENTIA_BACKEND="embedded", EVIDENTIA_DEFAULT_RERANKER="none",
+               EVIDENTIA_DENSE="off", EVIDENTIA_LLM_BASE_URL=f"http://127.0.0.1:{closed_port()}/v1",
+               EVIDENTIA_LLM_API_KEY="dummy-key", EVIDENTIA_LLM_MAX_RETRIES="0", EVIDENTIA_LLM_TIMEOUT_S="5")
+    key = subprocess.run([evidentia_exe(), "keys", "create", "--tenant", "acme"], env=env, check=True,
+                         capture_output=True, text=True).stdout.strip()
+    srv = Server(env, home / "server.log")
+    try:
+        srv.wait_ready()
+        srv.key = key
+        srv.home = home
+        yield srv
+    finally:
+        srv.stop()
+
+
+# -- helpers ----------------------------------------------------------------------
+def wait(driver, condition, message: str, timeout: float = WAIT_S):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, timeout, poll_frequency=0.1).until(condition, message)
+
+
+def by_css(driver, selector: str):
+    from selenium.webdriver.common.by import By
+
+    return driver.find_element(By.CSS_SELECTOR, selector)
+
+
+def visible(selector: str):
+    def check(driver):
+        from selenium.webdriver.common.by import By
+
+        found = driver.find_elements(By.CSS_SELECTOR, selector)
+        return found[0] if found and found[0].is_displayed() else False
+
+    return check
+
+
+def banner_text(driver) -> str:
+    banner = by_css(driver, "#banner")
+    return banner.text if banner.is_displayed() else ""
+
+
+def wait_banner(driver, needle: str) -> str:
+    return wait(driver, lambda d: needle.lower() in banner_text(d).lower() and banner_text(d),
+                f"no error banner containing {needle!r}")
+
+
+def sign_in(driver, url: str, key: str, analyst: str = "") -> None:
+    driver.get(url + "/")
+    driver.execute_script("sessionStorage.clear()")  # a fresh tab: signed out
+    driver.refresh()
+    field = wait(driver, visible("#api-key"), "no sign-in form")
+    field.clear()
+    field.send_keys(key)
+    by_css(driver, "#analyst").clear()
+    if analyst:
+        by_css(driver, "#analyst").send_keys(analyst)
+    by_css(driver, "#login-button").click()
+
+
+def fill(driver, selector: str, text: str) -> None:
+    el = by_css(driver, selector)
+    el.clear()
+    if text:
+        el.send_keys(text)
+
+
+def doc_checkbox(driver, document_id: str):
+    return by_css(driver, f'#doc-list li[data-document-id="{document_id}"] input[type=checkbox]')
+
+
+def wait_document_ready(driver, document_id: str) -> None:
+    wait(driver, lambda d: d.find_elements("css selector", f'#doc-list li[data-document-id="{document_id}"]'
+                                           f'[data-status="ready"]'), f"{document_id} never shown ready")
+
+
+def assert_no_script_errors(driver) -> None:
+    """The console holds nothing but the HTTP errors the test provoked on purpose
+    (no exception, no Content-Security-Policy violation)."""
+    problems = [e["message"] for e in driver.get_log("browser")
+                if e["level"] in ("SEVERE", "WARNING") and "Failed to load resource" not in e["message"]]
+    assert not problems, problems
+
+
+def api_upload_ready(server, path: Path, document_id: str) -> None:
+    headers = {"X-API-Key": server.key}
+    with httpx.Client(base_url=server.url, headers=headers, timeout=30) as c:
+        r = c.post("/v1/documents", data={"document_id": document_id},
+                   files={"file": (path.name, path.read_bytes(), "application/pdf")})
+        assert r.status_code == 202, r.text
+        deadline = time.monotonic() + WAIT_S
+        while (doc := c.get(f"/v1/documents/{document_id}").json())["status"] not in ("ready", "failed"):
+            assert time.monotonic() < deadline, doc
+            time.sleep(0.05)
+        assert doc["status"] == "ready", doc
+
+
+# -- browser tests ------------------------------------------------------------------
+def test_root_redirects_to_the_page_and_api_404s_stay_json(server):
+    r = httpx.get(server.url + "/", follow_redirects=False)
+    assert r.status_code == 307 and r.headers["location"] == "/ui/"
+    page = httpx.get(server.url + "/", follow_redirects=True)
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "script-src 'self'" in page.headers["content-security-policy"]
+    assert '<script type="module" src="app.js">' in page.text
+    for path in ("/v1/nope", "/ui/nope.js"):
+        r = httpx.get(server.url + path)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "not_found", r.text
+    assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+    assert "/" not in httpx.get(server.url + "/openapi.json").json()["paths"]
+
+
+def test_analyst_session_upload_validate_feedback(browser, server, tmp_path):
+    driver = browser
+    # a wrong key is refused with the API's message; the key is never stored
+    sign_in(driver, server.url, "evk_not-a-real-key")
+    assert "not accepted" in wait_banner(driver, "invalid API key")
+    assert driver.execute_script("return sessionStorage.getItem('evidentia.apiKey')") is None
+
+    sign_in(driver, server.url, server.key, analyst="ann@example.com")
+    wait(driver, visible("#workspace"), "not signed in")
+    assert "ann@example.com" in by_css(driver, "#session-label").text
+    assert not by_css(driver, "#banner").is_displayed()
+    assert driver.execute_script("return sessionStorage.getItem('evidentia.apiKey')") == server.key
+    assert driver.execute_script("return localStorage.length") == 0
+
+    # upload through the file input; the status is polled until ready (and it gets ticked)
+    pdf = write_sample_report(tmp_path / "acme-2023.pdf")
+    by_css(driver, "#file-input").send_keys(str(pdf))
+    wait_document_ready(driver, "acme-2023")
+    assert "6 pages" in by_css(driver, '#doc-list li[data-document-id="acme-2023"]').text
+    box = doc_checkbox(driver, "acme-2023")
+    if not box.is_selected():
+        box.click()
+    assert box.is_selected()
+
+    # empty question: a clear message, no request
+    fill(driver, "#question", "")
+    fill(driver, "#answer", SAMPLE_ANSWER)
+    by_css(driver, "#validate-button").click()
+    wait_banner(driver, "Type the question")
+    assert not by_css(driver, "#results").is_displayed()
+
+    fill(driver, "#question", SAMPLE_QUESTION)
+    by_css(driver, "#validate-button").click()
+    first = wait(driver, visible("#result-list li.result"), "no result")
+    assert not by_css(driver, "#banner").is_displayed()
+    assert first.get_attribute("data-document-id") == "acme-2023" and first.get_attribute("data-page") == "2"
+    assert "page 2" in first.text and "BM25 score" in first.text
+    marks = [m.text for m in first.find_elements("css selector", ".snippet mark")]
+    assert marks and "12,450" in marks, marks
+    # the thumbnail is a real PNG, fetched with the key (blob: URL) and decoded
+    wait(driver, lambda d: d.execute_script(
+        "const i = document.querySelector('#result-list li.result .thumb-img');"
+        "return i && i.complete && i.naturalWidth > 0 && i.src.startsWith('blob:')"), "thumbnail not loaded")
+    assert not by_css(driver, "#fallback").is_displayed()
+
+    shots = os.environ.get("EVIDENTIA_UI_SCREENSHOTS")
+
+    # the larger view: a bigger rendering and the page's text, keywords marked
+    first.find_element("css selector", ".thumb").click()
+    wait(driver, visible("#viewer"), "the larger view did not open")
+    wait(driver, lambda d: d.execute_script(
+        "const i = document.getElementById('viewer-img'); return i.complete && i.naturalWidth >= 1000"),
+        "no large image")
+    wait(driver, lambda d: d.find_elements("css selector", "#viewer-text mark"), "no marked text in the view")
+    assert "Greenhouse gas emissions" in by_css(driver, "#viewer-text").text
+    if shots:
+        driver.save_screenshot(str(Path(shots) / "ui-page-view.png"))
+    by_css(driver, "#viewer-close").click()
+    wait(driver, lambda d: not by_css(d, "#viewer").is_displayed(), "the view did not close")
+
+    # a verdict, acknowledged on the page, and in the export
+    first.find_element("css selector", ".verdict-yes").click()
+    wait(driver, lambda d: "Recorded: relevant" in first.find_element("css selector", ".verdict-status").text,
+         "feedback not shown as recorded")
+    if shots:
+        wait(driver, lambda d: d.execute_script(
+            "return [...document.querySelectorAll('.thumb-img')].every(i => i.complete && i.naturalWidth > 0)"),
+            "thumbnails not all loaded")
+        driver.save_screenshot(str(Path(shots) / "ui-results.png"))
+    lines = httpx.get(server.url + "/v1/feedback/export", headers={"X-API-Key": server.key}).text.splitlines()
+    records = [json.loads(line) for line in lines]
+    assert {"question": SAMPLE_QUESTION, "answer": SAMPLE_ANSWER, "relevance": 1, "doc_id": "acme-2023",
+            "page": 2, "source": "feedback"}.items() <= records[-1].items(), records
+
+    # the key survives a reload (same tab), and logging out forgets it
+    driver.refresh()
+    wait(driver, visible("#workspace"), "signed out by a reload")
+    by_css(driver, "#logout").click()
+    wait(driver, visible("#login"), "not signed out")
+    assert driver.execute_script("return sessionStorage.getItem('evidentia.apiKey')") is None
+    assert_no_script_errors(driver)
+
+
+def test_llm_unavailable_shows_the_bm25_fallback(browser, server, tmp_path):
+    api_upload_ready(server, write_sample_report(tmp_path / "r.pdf"), "llm-doc")
+    driver = browser
+    sign_in(driver, server.url, server.key)
+    wait_document_ready(driver, "llm-doc")
+    box = doc_checkbox(driver, "llm-doc")
+    if not box.is_selected():
+        box.click()
+    fill(driver, "#question", SAMPLE_QUESTION)
+    fill(driver, "#answer", SAMPLE_ANSWER)
+    from selenium.webdriver.support.ui import Select
+
+    Select(by_css(driver, "#reranker")).select_by_value("llm")
+    by_css(driver, "#validate-button").click()
+    notice = wait(driver, visible("#fallback"), "no fallback notice")
+    assert "LLM was unavailable" in notice.text and "BM25 order" in notice.text
+    wait(driver, visible("#result-list li.result"), "no result in BM25 order")
+    assert not by_css(driver, "#banner").is_displayed()
+    assert_no_script_errors(driver)
+
+
+def test_failed_upload_and_document_not_ready_are_explained(browser, server, tmp_path):
+    driver = browser
+    sign_in(driver, server.url, server.key)
+    wait(driver, visible("#workspace"), "not signed in")
+    for box in driver.find_elements("css selector", "#doc-list input[type=checkbox]"):
+        if box.is_selected():
+            box.click()
+    bad = tmp_path / "broken.pdf"
+    bad.write_bytes(b"%PDF-1.7\nthis is not really a PDF\n")
+    by_css(driver, "#file-input").send_keys(str(bad))
+    # polled until it fails; the reason is shown and it cannot be ticked
+    failed = wait(driver, lambda d: d.find_elements("css selector", '#doc-list li[data-document-id="broken"]'
+                                                    '[data-status="failed"]'), "broken.pdf not shown as failed")[0]
+    box = failed.find_element("css selector", "input")
+    assert not box.is_enabled()
+    assert failed.find_element("css selector", ".doc-info").text.strip()
+    fill(driver, "#question", SAMPLE_QUESTION)
+    fill(driver, "#answer", SAMPLE_ANSWER)
+    by_css(driver, "#validate-button").click()
+    wait_banner(driver, "Select at least one ready document")
+    # forced through anyway (as a stale page would): the server's 409, in words
+    driver.execute_script("arguments[0].disabled = false; arguments[0].click()", box)
+    by_css(driver, "#validate-button").click()
+    assert "upload it again" in wait_banner(driver, "broken failed to index")
+    # a non-PDF is refused at upload with the API's message
+    text = tmp_path / "notes.pdf"
+    text.write_text("just some notes")
+    by_css(driver, "#file-input").send_keys(str(text))
+    assert "notes.pdf" in wait_banner(driver, "not a PDF")
+    assert_no_script_errors(driver)
+
+
+def test_keywords_module_in_the_browser(browser, server):
+    driver = browser
+    driver.get(server.url + "/ui/")
+    result = driver.execute_async_script("""
+        const done = arguments[0];
+        import('/ui/keywords.js').then((m) => {
+          const terms = m.keywords("What were the Scope 1 and 2 emissions in 2023? $1,577.00 tCO2e, 12.5 %");
+          const p = document.createElement('p');
+          const n = m.appendHighlighted(p, "<b>Emission</b> total 1577 t; 2023: 12.5% <img src=x onerror=alert(1)>", terms);
+          done({terms, n, html: p.innerHTML, marks: [...p.querySelectorAll('mark')].map((x) => x.textContent),
+                eu: m.canonicalNumber("1.577,00")});
+        }).catch((e) => done({error: String(e)}));
+    """)
+    assert "error" not in result, result
+    assert result["terms"] == ["scope", "emissions", "2023", "1577", "tco2e", "12.5"]
+    assert result["marks"] == ["Emission", "1577", "2023", "12.5"]
+    assert "<img" not in result["html"] and "&lt;img" in result["html"]  # text, never HTML
+    assert result["eu"] == "1577"
+    assert_no_script_errors(driver)
+
+
+# -- server-side marks on the page image (no browser) ------------------------------
+def test_highlight_terms_are_normalised_and_bounded():
+    assert highlight_terms("Scope emissions 12,450 $1577.00 a 2023 2023") == ["scope", "emissions", "12450", "1577",
+                                                                             "2023"]
+    assert len(highlight_terms(" ".join(f"w{i}" for i in range(100)))) == 32
+    assert highlight_terms(None) == [] and highlight_terms("") == []
+
+
+def test_mark_page_marks_matching_words_only(tmp_path):
+    pdf = write_sample_report(tmp_path / "r.pdf")
+    with pymupdf.open(pdf) as doc:
+        page = doc.load_page(1)
+        assert mark_page(page, highlight_terms("emission 12450 2023")) >= 4  # emissions x2, 12,450, 2023
+        annots = list(page.annots())
+        assert len(annots) == 1 and annots[0].type[1] == "Highlight"
+        assert mark_page(doc.load_page(2), ["nothing-like-this"]) == 0
+        assert mark_page(doc.load_page(3), ["emission"]) == 0  # the blank page
+        many = doc.load_page(1)
+        assert mark_page(many, [chr(c) * 2 for c in range(97, 123)]) <= MAX_MARKS
+
+
+def test_png_highlight_param(server, tmp_path):
+    api_upload_ready(server, write_sample_report(tmp_path / "h.pdf"), "hl-doc")
+    h = {"X-API-Key": server.key}
+    base = f"{server.url}/v1/documents/hl-doc/pages/2.png?width=300"
+    plain = httpx.get(base, headers=h)
+    marked = httpx.get(base + "&highlight=emissions+12450", headers=h)
+    assert plain.status_code == marked.status_code == 200
+    assert marked.headers["content-type"] == "image/png" and marked.content != plain.content
+    # the stored PDF is untouched: a plain rendering is the same as before
+    assert httpx.get(base, headers=h).content == plain.content
+    too_long = httpx.get(base + "&highlight=" + "x" * 501, headers=h)
+    assert too_long.status_code == 422 and too_long.json()["error"]["code"] == "validation_error"
+    assert httpx.get(base + "&highlight=x").status_code == 401
