@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -118,3 +118,96 @@ def train_command(
     except (TrainingError, ModelLoadError) as exc:
         raise fail(str(exc), EXIT_BAD_INPUT)
     typer.echo(json.dumps(metadata.metrics, indent=2))
+
+
+def distill_command(
+    queries: Path = typer.Option(..., "--queries", help="Queries JSONL: question, answer, doc_id (or doc_ids); "
+                                 "id optional, relevant_pages optional and ignored."),
+    out: Path = typer.Option(..., "--out", help="JSONL file of training records to write."),
+    docs: Optional[List[Path]] = typer.Option(None, "--docs", help="Folder or PDF files of <doc_id>.pdf "
+                                              "(repeatable): documents of the queries not indexed yet are indexed "
+                                              "from them."),
+    definitions: Optional[Path] = typer.Option(None, "--definitions", help="JSONL of relevance definitions by "
+                                               "question (like ClimRetrieve's question_definitions.jsonl)."),
+    definition_field: str = typer.Option("Definition", "--definition-field",
+                                         help="Field of --definitions holding the definition."),
+    pages_per_query: int = typer.Option(10, "--pages-per-query", help="BM25 pages judged per query."),
+    labels: str = typer.Option("hard", "--labels", help="hard (1 for yes, 0 for no) or soft (the probability "
+                               "of relevance as soft_label)."),
+    min_confidence: float = typer.Option(0.0, "--min-confidence", help="Drop pages judged with a lower "
+                                         "confidence."),
+    concurrency: int = typer.Option(1, "--concurrency", help="Requests in flight at once."),
+):
+    """Distil training records from an LLM (EVIDENTIA_LLM_*): one yes/no + confidence judgement per page
+    of each query's BM25 pool. Pages whose judgement fails are skipped and counted, never labelled."""
+    import sys
+
+    from tqdm import tqdm
+
+    from evidentia.cli import EXIT_BACKEND, EXIT_BAD_INPUT, Context, fail
+    from evidentia.evaluation.queries import QueriesFileError
+    from evidentia.evaluation.runner import index_missing, missing_documents
+    from evidentia.reranker.llm import LLMFailure
+    from evidentia.retriever.base import BackendError, UnknownDocumentError
+    from evidentia.training.dataset import write_records
+    from evidentia.training.distill import (LABELS, DistillError, PageJudge, distill, load_definitions,
+                                            load_unlabelled_queries)
+
+    if pages_per_query <= 0:
+        raise fail("--pages-per-query must be a positive integer")
+    if labels not in LABELS:
+        raise fail(f"--labels must be one of {', '.join(LABELS)}")
+    if not 0.0 <= min_confidence <= 1.0:
+        raise fail("--min-confidence must be between 0 and 1")
+    if concurrency <= 0:
+        raise fail("--concurrency must be a positive integer")
+    for path in docs or []:
+        if not path.exists():
+            raise fail(f"--docs {path}: no such file or folder", EXIT_BAD_INPUT)
+    ctx = Context()
+    try:
+        qs = load_unlabelled_queries(queries)
+        defs = load_definitions(definitions, definition_field) if definitions is not None else None
+    except (QueriesFileError, DistillError) as exc:
+        raise fail(str(exc), EXIT_BAD_INPUT)
+    judge = PageJudge.from_settings(ctx.settings)
+    try:
+        judge.check()
+    except LLMFailure as exc:
+        raise fail(f"{exc.reason} (set EVIDENTIA_LLM_API_KEY and EVIDENTIA_LLM_BASE_URL)")
+    bars: list = []  # the progress bar starts once the pool is known (after any indexing)
+
+    def start(pages: int) -> None:
+        bars.append(tqdm(total=pages, unit="page", desc="judging", file=sys.stderr, disable=None))
+
+    try:
+        backend = ctx.backend
+        for path in docs or []:
+            summary = index_missing(qs, backend, ctx.detector, path, embedder=ctx.indexing_embedder)
+            if summary is not None:
+                for failure in summary.failures:
+                    typer.echo(f"error: {failure.reason}", err=True)
+                typer.echo(f"indexed from {path}: {summary.line()}", err=True)
+        missing = missing_documents(qs, backend)
+        if missing:
+            raise fail(f"documents not indexed: {', '.join(missing[:10])}; pass --docs", EXIT_BAD_INPUT)
+        if defs is not None:
+            matched = sum(1 for q in qs if defs.lookup(q.question) is not None)
+            typer.echo(f"definitions: {matched} of {len(qs)} queries have one", err=True)
+        records, result = distill(qs, backend, ctx.detector, judge, definitions=defs,
+                                  pages_per_query=pages_per_query, labels=labels, min_confidence=min_confidence,
+                                  concurrency=concurrency, on_start=start, on_page=lambda: bars[0].update(1))
+    except UnknownDocumentError as exc:
+        raise fail(f"{exc}; `evidentia docs` lists the indexed ones", EXIT_BAD_INPUT)
+    except BackendError as exc:
+        raise fail(str(exc), EXIT_BACKEND)
+    finally:
+        for bar in bars:
+            bar.close()
+    for reason, count in result.failures.most_common(5):
+        typer.echo(f"warning: {count} page(s) skipped: {reason}", err=True)
+    if result.judged and result.failed == result.judged:
+        typer.echo(result.line(), err=True)
+        raise fail(f"every judgement failed; {out} not written", EXIT_BACKEND)
+    digest = write_records(records, out)
+    typer.echo(f"{result.line()} ({labels} labels) -> {out} (sha256 {digest[:12]})")

@@ -343,7 +343,7 @@ def to_record(task: _Task, judgement: Judgement, labels: str) -> TrainingRecord:
     if labels == "hard":
         return TrainingRecord(q.question, q.answer, task.text, int(judgement.relevant), task.doc_id, task.page,
                               SOURCE)
-    p = judgement.probability
+    p = round(judgement.probability, 6)  # 1 - 0.95 is 0.050000000000000044
     relevance = int(judgement.relevant) if p == 0.5 else int(p > 0.5)
     return TrainingRecord(q.question, q.answer, task.text, relevance, task.doc_id, task.page, SOURCE, p)
 
