@@ -3,7 +3,9 @@ extracts their pages and writes them to the search backend in one step.
 
 A document is indexed whole or not at all (``SearchBackend.index_document``);
 a file that cannot be read ends ``failed`` with the reason and leaves nothing
-in the index. Every status change names the upload's ``generation``, so a
+in the index. With EVIDENTIA_DENSE=on its pages are embedded (the services'
+one ``PageEmbedder``) before anything is written, so an embedding failure
+also ends ``failed`` and leaves nothing behind. Every status change names the upload's ``generation``, so a
 document deleted or uploaded again while it was being indexed is never
 overwritten by the stale run. On startup, documents a crash left ``queued`` or
 ``indexing`` are queued again (indexing is idempotent: it replaces).
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from evidentia.indexer.pdf import PdfError, extract_pages
+from evidentia.indexer.pipeline import embed_document
 from evidentia.retriever.base import BackendError
 
 if TYPE_CHECKING:
@@ -124,6 +127,15 @@ class IndexingWorker:
             self._fail(tenant, document_id, generation,
                        f"{row.filename}: {document.page_count} pages, over the limit of {limit} (EVIDENTIA_MAX_PAGES)")
             return
+        if services.settings.dense:
+            try:
+                document = embed_document(document, services.load_embedder())
+            except Exception as exc:  # EmbeddingError (model cannot load), tokenizer or torch errors
+                log.exception("embedding %s:%s", tenant, document_id)
+                self._fail(tenant, document_id, generation,
+                           f"{row.filename}: cannot compute the page embeddings (EVIDENTIA_DENSE=on, "
+                           f"EVIDENTIA_DENSE_MODEL={services.settings.dense_model}): {exc}")
+                return
         reason = ""
         for attempt in range(BACKEND_ATTEMPTS):
             with services.doc_lock:

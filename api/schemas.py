@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from evidentia.reranker.registry import reranker_names
 
 Status = Literal["queued", "indexing", "ready", "failed"]
+Stage = Literal["bm25", "dense", "hybrid"]  # evidentia.config.STAGES
 
 
 class ErrorDetail(BaseModel):
@@ -75,12 +76,19 @@ class ValidateRequest(BaseModel):
                                  "(default EVIDENTIA_DEFAULT_RERANKER).", examples=["none"])
     threshold: float | None = Field(None, ge=0.0, le=1.0, description="Rerankers with probabilities (classifier): "
                                     "drop pages below this probability (default EVIDENTIA_CLASSIFIER_THRESHOLD).")
+    stage: Stage | None = Field(None, description="First stage that builds the candidate pool: `bm25` (keywords), "
+                                "`dense` (embedding similarity of the question + answer to the pages) or `hybrid` "
+                                "(both, fused by reciprocal-rank fusion). Default EVIDENTIA_STAGE. `dense` and "
+                                "`hybrid` need the server to run with EVIDENTIA_DENSE=on (else 422) and documents "
+                                "uploaded while it was on, so that their pages have embeddings (else 409 "
+                                "`missing_vectors`: upload them again, or use `bm25`).", examples=["hybrid"])
 
 
 class ValidatedPage(BaseModel):
     document_id: str
     page: int
-    score: float = Field(..., description="Rank score (BM25 for `none`, the probability for the classifier).")
+    score: float = Field(..., description="Rank score (for `none` the first stage's: BM25, cosine similarity "
+                         "for `dense`, fused reciprocal rank for `hybrid`; the probability for the classifier).")
     probability: float | None = Field(None, description="Calibrated relevance probability, if the reranker has one.")
     snippet: str
 
@@ -89,6 +97,7 @@ class ValidateResponse(BaseModel):
     validation_id: str = Field(..., description="Quote it in POST /v1/feedback.")
     pages: list[ValidatedPage] = Field(..., description="Supporting pages, best first.")
     reranker: str
+    stage: Stage = Field(..., description="The first stage that built the candidate pool.")
     fallback_reason: str | None = Field(None, description="Set when the reranker failed and the first-stage order "
                                         "was returned instead.")
     timings_ms: dict[str, float]

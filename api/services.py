@@ -22,6 +22,7 @@ from evidentia.config import Settings
 from evidentia.reranker.base import Reranker
 from evidentia.reranker.registry import create_reranker
 from evidentia.retriever.base import SearchBackend
+from evidentia.retriever.dense import PageEmbedder
 
 log = logging.getLogger("evidentia.api")
 
@@ -140,6 +141,38 @@ class RerankerCache:
             gate.release()
 
 
+class SharedEmbedder(PageEmbedder):
+    """The app's one ``PageEmbedder``, shared by the indexing worker and the
+    validation requests: the model is loaded once, and every use of the model
+    (tokenizing a page into windows, encoding a batch) holds a lock, because a
+    fast tokenizer used from two threads at once fails ("Already borrowed"). A
+    query waits for at most one batch of an upload being embedded, not for the
+    whole document."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._lock = threading.RLock()
+
+    @property
+    def model(self):
+        if self._model is None:
+            with self._lock:
+                return super().model
+        return self._model
+
+    @property
+    def loaded(self) -> bool:
+        return self._model is not None
+
+    def windows(self, text: str) -> list[str]:
+        with self._lock:
+            return super().windows(text)
+
+    def _encode(self, texts: list[str], role: str = "document"):
+        with self._lock:
+            return super()._encode(texts, role)
+
+
 class Services:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -155,6 +188,12 @@ class Services:
         self.worker = IndexingWorker(self)
         self.checks: dict[str, str] = {"store": "not open", "index": "not open",
                                        f"reranker:{settings.default_reranker}": "not loaded"}
+        # EVIDENTIA_DENSE=on: uploads get page embeddings, and the dense and hybrid
+        # stages can be asked for; the model loads during warm-up ("embedder" check)
+        self._embedder: SharedEmbedder | None = None
+        self._embedder_lock = threading.Lock()
+        if settings.dense:
+            self.checks["embedder"] = "not loaded"
         self._stopping = threading.Event()
         self._warmup: threading.Thread | None = None
         self.metrics.track_queue(self.worker.size)
@@ -162,6 +201,30 @@ class Services:
     @property
     def uploads(self) -> Path:
         return uploads_dir(self.settings)
+
+    @property
+    def embedder(self) -> PageEmbedder | None:
+        """The page/query embedder (EVIDENTIA_DENSE_MODEL), created on first use;
+        None with EVIDENTIA_DENSE=off. Its model may still be loading: see
+        ``load_embedder``."""
+        if not self.settings.dense:
+            return None
+        if self._embedder is None:
+            with self._embedder_lock:
+                if self._embedder is None:
+                    self._embedder = SharedEmbedder.from_settings(self.settings)
+        return self._embedder
+
+    def load_embedder(self) -> PageEmbedder | None:
+        """The embedder with its model loaded (None with EVIDENTIA_DENSE=off).
+        Raises EmbeddingError (a ConfigError) when the model cannot be loaded."""
+        embedder = self.embedder
+        if embedder is not None and not embedder.loaded:
+            from evidentia.reranker.classifier_model import set_torch_threads
+
+            set_torch_threads(self.settings.torch_threads)
+            embedder.model  # noqa: B018 (loads it, once, under the embedder's lock)
+        return embedder
 
     @property
     def ready(self) -> bool:
@@ -221,8 +284,9 @@ class Services:
             self.store.close()
 
     def _warm(self) -> None:
-        """Open the search backend and load the default reranker, retrying until
-        both work (Elasticsearch may start after us); /ready reports progress."""
+        """Open the search backend, load the default reranker and (with
+        EVIDENTIA_DENSE=on) the embedding model, retrying until all work
+        (Elasticsearch may start after us); /ready reports progress."""
         from evidentia.retriever.factory import open_backend
 
         name = self.settings.default_reranker
@@ -244,6 +308,14 @@ class Services:
                     self.checks[f"reranker:{name}"] = "ok"
                 except Exception as exc:
                     self.checks[f"reranker:{name}"] = f"error: {exc}"
+            if "embedder" in self.checks and self.checks["embedder"] != "ok":
+                if self.checks["embedder"] == "not loaded":
+                    self.checks["embedder"] = "loading"
+                try:
+                    self.load_embedder()
+                    self.checks["embedder"] = "ok"
+                except Exception as exc:  # EmbeddingError: bad EVIDENTIA_DENSE_MODEL, missing package
+                    self.checks["embedder"] = f"error: {exc}"
             if self.ready:
                 return
             self._stopping.wait(2.0)

@@ -95,8 +95,9 @@ def png_size(data: bytes) -> tuple[int, int]:
 
 
 def make_app(tmp_path: Path, **overrides):
-    settings = Settings(data_dir=tmp_path / "api-data", admin_key=ADMIN, rate_limit_per_minute=100_000).with_(
-        **overrides)
+    # dense off unless a test asks for it (as conftest does for EVIDENTIA_DENSE): no embedding model to load
+    settings = Settings(data_dir=tmp_path / "api-data", admin_key=ADMIN, rate_limit_per_minute=100_000,
+                        dense=False).with_(**overrides)
     return create_app(settings)
 
 

@@ -17,6 +17,8 @@ def dataset_command(
     climretrieve: Optional[Path] = typer.Option(None, "--climretrieve",
                                                 help="Folder with ClimRetrieve's passages.jsonl."),
     negatives: int = typer.Option(8, "--negatives", help="BM25 hard negatives per query."),
+    pseudo_pages: int = typer.Option(0, "--pseudo-queries-per-doc", help="Self-supervised examples per training "
+                                     "document (a line of a page as the query; see dataset.records_from_pseudo_queries)."),
     holdout_fraction: float = typer.Option(0.0, "--holdout-fraction",
                                            help="Share of groups (see --split-by) whose queries are held out."),
     split_by: str = typer.Option("company", "--split-by",
@@ -31,7 +33,7 @@ def dataset_command(
     from evidentia.evaluation.queries import QueriesFileError, load_queries
     from evidentia.evaluation.runner import index_missing, missing_documents
     from evidentia.training.dataset import (DatasetError, dedupe, records_from_climretrieve,
-                                            records_from_queries, split_groups, write_records)
+                                            records_from_pseudo_queries, records_from_queries, split_groups, write_records)
 
     if queries is None and climretrieve is None:
         raise fail("give --queries and/or --climretrieve")
@@ -65,6 +67,10 @@ def dataset_command(
             raise fail(f"documents not indexed: {', '.join(missing[:10])}; pass --pdf-dir", EXIT_BAD_INPUT)
         records.extend(records_from_queries(qs, ctx.backend, ctx.detector, negatives_per_query=negatives,
                                             pool_size=ctx.settings.pool_size))
+        if pseudo_pages > 0:
+            train_docs = sorted({d for q in qs for d in q.doc_ids})
+            records.extend(records_from_pseudo_queries(ctx.backend, ctx.detector, train_docs,
+                                                       pages_per_doc=pseudo_pages, seed=seed))
     if climretrieve is not None:
         try:
             records.extend(records_from_climretrieve(climretrieve / "passages.jsonl", seed=seed))
@@ -92,9 +98,12 @@ def train_command(
     eval_fraction: float = typer.Option(0.15, "--eval-fraction", help="Share of documents held out for metrics."),
     max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Stop after this many optimizer steps."),
     seed: int = typer.Option(0, "--seed"),
+    threads: Optional[int] = typer.Option(None, "--threads", help="torch threads (default EVIDENTIA_TORCH_THREADS, "
+                                          "else torch's choice)."),
 ):
     """Fine-tune the classifier reranker: LoRA on all linear layers (4-bit QLoRA on a GPU), head fully trained."""
     from evidentia.cli import EXIT_BAD_INPUT, fail
+    from evidentia.config import Settings
     from evidentia.reranker.classifier_model import ModelLoadError
     from evidentia.training.dataset import DatasetError, file_sha256, read_records
     from evidentia.training.train import TrainingError, TrainParams, train
@@ -111,7 +120,7 @@ def train_command(
         raise fail(str(exc), EXIT_BAD_INPUT)
     params = TrainParams(epochs=epochs, batch_size=batch_size, grad_accum=grad_accum, learning_rate=learning_rate,
                          lora_r=lora_r, lora_alpha=lora_alpha, max_length=max_length, eval_fraction=eval_fraction,
-                         max_steps=max_steps, seed=seed)
+                         max_steps=max_steps, seed=seed, threads=threads or Settings.from_env().torch_threads)
     try:
         metadata = train(records, base_model, out, params, data_sha256=file_sha256(data),
                          log=lambda m: typer.echo(m, err=True), progress=True)

@@ -185,3 +185,43 @@ def split_groups(groups: Sequence[str], test_fraction: float, seed: int = 0) -> 
     ordered = sorted(set(groups), key=lambda g: hashlib.sha256(f"{seed}:{g}".encode()).hexdigest())
     n_test = max(1, round(len(ordered) * test_fraction)) if ordered and test_fraction > 0 else 0
     return set(ordered[:n_test])
+
+
+def records_from_pseudo_queries(backend: SearchBackend, detector: LanguageDetector, doc_ids: Sequence[str],
+                                pages_per_doc: int = 30, negatives_per_query: int = 4,
+                                seed: int = 0) -> Iterator[TrainingRecord]:
+    """Self-supervised in-domain examples (the inverse cloze task): a line of a
+    page, preferably one with figures, becomes the query; the page without that
+    line is the positive, and BM25 candidates of the same document for that query
+    are the negatives. Labelled queries are scarce; documents are not, and this
+    teaches the model the domain's vocabulary and how figures are matched. Only
+    give it training documents: held-out documents must stay unseen."""
+    rng = random.Random(seed)
+    for doc_id in doc_ids:
+        info = backend.get_document(doc_id)
+        if info is None:
+            continue
+        numbers = list(range(1, info.pages + 1))
+        rng.shuffle(numbers)
+        taken = 0
+        for number in numbers:
+            if taken >= pages_per_doc:
+                break
+            page = backend.get_page(doc_id, number)
+            if page is None or len(page.text) < 400:
+                continue
+            lines = [ln.strip() for ln in page.text.splitlines() if 40 <= len(ln.strip()) <= 300]
+            with_figures = [ln for ln in lines if any(ch.isdigit() for ch in ln)]
+            pool = with_figures if with_figures and rng.random() < 0.7 else lines
+            if not pool:
+                continue
+            line = rng.choice(pool)
+            # keep the line in the page now and then, so exact matches are not unlearned
+            positive = page.text if rng.random() < 0.2 else page.text.replace(line, " ", 1)
+            yield TrainingRecord(line, "", positive, 1, doc_id, number, "pseudo")
+            keywords = build_query(line, "", detector).keywords
+            negatives = [c for c in backend.search(keywords, [doc_id], negatives_per_query + 1)
+                         if c.page != number and c.text][:negatives_per_query]
+            for c in negatives:
+                yield TrainingRecord(line, "", c.text, 0, doc_id, c.page, "pseudo")
+            taken += 1

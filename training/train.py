@@ -39,6 +39,7 @@ from evidentia.reranker.classifier_model import (
     query_text,
     quantization_config,
     score_margins,
+    set_torch_threads,
 )
 from evidentia.text import keywords
 from evidentia.training.dataset import TrainingRecord, split_groups
@@ -62,6 +63,7 @@ class TrainParams:
     seed: int = 0
     max_steps: int | None = None  # optimizer steps; None = epochs decide
     gradient_checkpointing: bool = False
+    threads: int | None = None  # torch intra-op threads; None = torch's default
 
 
 class TrainingError(RuntimeError):
@@ -141,6 +143,7 @@ def train(records: Sequence[TrainingRecord], base_model: str, out_dir: Path, par
         raise TrainingError("no training records")
     random.seed(params.seed)
     torch.manual_seed(params.seed)
+    set_torch_threads(params.threads)
     held_out_docs = split_groups([r.doc_id for r in records], params.eval_fraction, params.seed)
     train_set = [r for r in records if r.doc_id not in held_out_docs]
     eval_set = [r for r in records if r.doc_id in held_out_docs]

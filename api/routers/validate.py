@@ -12,18 +12,18 @@ from evidentia.api.deps import Caller, deadline, get_services, require_backend, 
 from evidentia.api.errors import ApiError, errors
 from evidentia.api.indexing import internal_id, split_internal_id
 from evidentia.api.routers.documents import not_ready_message
-from evidentia.api.schemas import ValidatedPage, ValidateRequest, ValidateResponse
+from evidentia.api.schemas import ErrorResponse, ValidatedPage, ValidateRequest, ValidateResponse
 from evidentia.api.services import Services, default_threshold, model_version
 from evidentia.api.store import ValidationRow, now
 from evidentia.config import ConfigError
 from evidentia.pipeline import Pipeline
 from evidentia.reranker.registry import reranker_names
-from evidentia.retriever.base import BackendError, UnknownDocumentError
+from evidentia.retriever.base import BackendError, MissingVectorsError, UnknownDocumentError, VectorModelError
 
 router = APIRouter(tags=["validation"])
 
 
-def _limits(services: Services, body: ValidateRequest) -> tuple[list[str], int, str]:
+def _limits(services: Services, body: ValidateRequest) -> tuple[list[str], int, str, str]:
     """Checks the limits that depend on settings (the static ones are in the schema)."""
     s = services.settings
     problems: list[dict] = []
@@ -49,22 +49,48 @@ def _limits(services: Services, body: ValidateRequest) -> tuple[list[str], int, 
         problem("reranker", f"unknown reranker {name!r}; choose one of {', '.join(reranker_names())}")
     elif body.threshold is not None and name == "none":
         problem("threshold", "a threshold needs a reranker that outputs probabilities (e.g. classifier)")
+    stage = body.stage or s.stage
+    if stage != "bm25" and not s.dense:
+        source = "" if body.stage else " (the server's default, EVIDENTIA_STAGE)"
+        problem("stage", f"the {stage} stage{source} needs dense retrieval, which is off on this server: "
+                "enable it with EVIDENTIA_DENSE=on (and upload the documents again so that their pages get "
+                "embeddings), or send \"stage\": \"bm25\"")
     if problems:
         raise ApiError(422, "validation_error", "; ".join(f"{'.'.join(p['loc'])}: {p['message']}" for p in problems),
                        problems)
-    return document_ids, top_k, name
+    return document_ids, top_k, name, stage
+
+
+def _external(doc_ids) -> list[str]:
+    return [(split_internal_id(d) or ("", d))[1] for d in doc_ids]
 
 
 @router.post(
     "/v1/validate", response_model=ValidateResponse, summary="Find the pages that support an answer",
-    description="Retrieves a candidate pool of `top_k` pages (BM25) from the given documents, then reranks it. "
-                "Every document must be yours and `ready`. The `validation_id` of the answer is what "
-                "POST /v1/feedback refers to.",
-    responses=errors(400, 401, 404, 409, 422, 429, 503, 504),
+    description="Retrieves a candidate pool of `top_k` pages from the given documents with the first `stage` "
+                "(`bm25`, `dense` or `hybrid`; default EVIDENTIA_STAGE), then reranks it. Every document must be "
+                "yours and `ready`. The `validation_id` of the answer is what POST /v1/feedback refers to.\n\n"
+                "`dense` and `hybrid` need EVIDENTIA_DENSE=on on the server (422 `validation_error` on `stage` "
+                "otherwise), and documents whose pages were embedded when they were uploaded: a document uploaded "
+                "while EVIDENTIA_DENSE was off answers 409 `missing_vectors` (upload it again, or use `bm25`), "
+                "one embedded with another EVIDENTIA_DENSE_MODEL 409 `vector_model_mismatch`.",
+    responses={
+        **errors(400, 401, 404, 409, 422, 429, 503, 504),
+        409: {"model": ErrorResponse, "description": (
+            "A document is not ready (`document_not_ready`), is gone from the index (`document_gone`), or, for the "
+            "`dense` and `hybrid` stages, has no page embeddings because it was uploaded while EVIDENTIA_DENSE was "
+            "off (`missing_vectors`) or was embedded with another model (`vector_model_mismatch`).")},
+        422: {"model": ErrorResponse, "description": (
+            "A field is missing, has the wrong type or is outside its limits; an unknown `stage`, or `dense` / "
+            "`hybrid` while the server runs with EVIDENTIA_DENSE=off.")},
+        503: {"model": ErrorResponse, "description": (
+            "Not ready yet, or the search engine, the reranker or the embedding model (`dense`, `hybrid`) is "
+            "unavailable.")},
+    },
 )
 async def validate(body: ValidateRequest, caller: Caller = Depends(require_tenant),
                    services: Services = Depends(get_services)) -> ValidateResponse:
-    document_ids, top_k, name = _limits(services, body)
+    document_ids, top_k, name, stage = _limits(services, body)
     rows = await run_in_threadpool(services.store.get_documents, caller.tenant, document_ids)
     missing = [d for d in document_ids if d not in rows]
     if missing:
@@ -85,8 +111,16 @@ async def validate(body: ValidateRequest, caller: Caller = Depends(require_tenan
             reranker = services.rerankers.get(name, threshold)
         except ConfigError as exc:
             raise ApiError(503, "reranker_unavailable", f"reranker {name!r} cannot be loaded: {exc}") from None
+        embedder = None
+        if stage != "bm25":
+            try:
+                embedder = services.load_embedder()
+            except ConfigError as exc:
+                raise ApiError(503, "embedder_unavailable", f"the embedding model for the {stage} stage cannot "
+                               f"be loaded: {exc}") from None
         t1 = time.perf_counter()
-        pipeline = Pipeline(backend, services.detector, reranker, pool_size=top_k)
+        pipeline = Pipeline.from_settings(services.settings, backend, services.detector, reranker, stage=stage,
+                                          embedder=embedder, pool_size=top_k)
         with services.rerankers.gate(name, until) as waited:
             if time.monotonic() > until:
                 raise TimeoutError
@@ -98,9 +132,19 @@ async def validate(body: ValidateRequest, caller: Caller = Depends(require_tenan
     try:
         reranker, result, timings = await run_blocking(services, work)
     except UnknownDocumentError as exc:
-        gone = [(split_internal_id(d) or ("", d))[1] for d in exc.doc_ids]
+        gone = _external(exc.doc_ids)
         raise ApiError(409, "document_gone", f"document(s) {', '.join(gone)} are missing from the search index; "
                        f"upload them again", {"document_ids": gone}) from None
+    except MissingVectorsError as exc:
+        without = _external(exc.doc_ids)
+        raise ApiError(409, "missing_vectors", f"{MissingVectorsError(without)} (here: upload them again, or send "
+                       f"\"stage\": \"bm25\")", {"document_ids": without, "stage": stage}) from None
+    except VectorModelError as exc:
+        message = str(exc)
+        for internal, external in zip(exc.doc_ids, _external(exc.doc_ids)):
+            message = message.replace(internal, external)
+        raise ApiError(409, "vector_model_mismatch", f"{message} (here: upload them again)",
+                       {"document_ids": _external(exc.doc_ids), "stage": stage}) from None
     except BackendError as exc:
         raise ApiError(503, "backend_unavailable", f"search engine error: {exc}") from None
 
@@ -124,6 +168,6 @@ async def validate(body: ValidateRequest, caller: Caller = Depends(require_tenan
     m.validation_seconds.labels(result.reranker).observe(timings["total"] / 1000)
     if result.fallback_reason:
         m.fallbacks.labels(result.reranker).inc()
-    return ValidateResponse(validation_id=validation.validation_id, pages=pages, reranker=result.reranker,
+    return ValidateResponse(validation_id=validation.validation_id, pages=pages, reranker=result.reranker, stage=stage,
                             fallback_reason=result.fallback_reason,
                             timings_ms={k: round(v, 2) for k, v in timings.items()}, model_version=version)
