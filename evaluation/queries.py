@@ -144,6 +144,11 @@ def parse_queries(lines, source: str = "queries file") -> list[EvalQuery]:
 
 
 def load_queries(path: Path) -> list[EvalQuery]:
+    return parse_queries(read_jsonl_lines(path), source=str(Path(path)))
+
+
+def read_jsonl_lines(path: Path) -> list[str]:
+    """The lines of a UTF-8 JSONL file, or QueriesFileError saying why it cannot be read."""
     path = Path(path)
     try:
         data = path.read_bytes()
@@ -159,7 +164,7 @@ def load_queries(path: Path) -> list[EvalQuery]:
         line = data[: exc.start].count(b"\n") + 1
         raise QueriesFileError(f"{path}, line {line}: not UTF-8 text ({exc.reason})") from None
     # split on "\n" only: str.splitlines would also cut at U+2028 and friends inside JSON strings
-    return parse_queries(text.split("\n"), source=str(path))
+    return text.split("\n")
 
 
 MISSING_CATEGORY = "(missing)"

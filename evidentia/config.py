@@ -45,6 +45,9 @@ class Settings:
     # Classifier reranker: a directory written by `evidentia train` (None = the shipped CPU model).
     classifier_model: str | None = None
     classifier_threshold: float = 0.15
+    # torch intra-op threads (None: torch's default). On small shared VMs one
+    # thread per process is often much faster than oversubscribed cores.
+    torch_threads: int | None = None
     # Retraining: base records merged with feedback, and the in-process schedule
     # of `evidentia serve` (0 = off; use cron + `evidentia retrain` otherwise).
     retrain_base_data: Path | None = None
@@ -100,6 +103,7 @@ class Settings:
             llm_max_retries=_non_negative_int(env, "EVIDENTIA_LLM_MAX_RETRIES", defaults.llm_max_retries),
             llm_token_budget=_positive_int(env, "EVIDENTIA_LLM_TOKEN_BUDGET", defaults.llm_token_budget),
             classifier_model=env.get("EVIDENTIA_CLASSIFIER_MODEL") or None,
+            torch_threads=_positive_int(env, "EVIDENTIA_TORCH_THREADS", 0) or None,
             retrain_base_data=Path(env["EVIDENTIA_RETRAIN_BASE_DATA"]) if env.get("EVIDENTIA_RETRAIN_BASE_DATA") else None,
             retrain_interval_s=_non_negative_int(env, "EVIDENTIA_RETRAIN_INTERVAL_S", 0),
             classifier_threshold=_probability(env, "EVIDENTIA_CLASSIFIER_THRESHOLD", defaults.classifier_threshold),
@@ -135,17 +139,23 @@ class Settings:
         return replace(self, **changes)
 
 
-def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
+def _parsed(env: Mapping[str, str], name: str, default, cast, valid, expected: str):
+    """``env[name]`` converted by ``cast`` and checked by ``valid``, or ``default``
+    when unset; anything else is a ConfigError saying what was expected."""
     raw = env.get(name)
-    if raw is None or raw == "":
+    if raw is None or raw.strip() == "":
         return default
     try:
-        value = int(raw)
+        value = cast(raw.strip())
     except ValueError:
-        raise ConfigError(f"{name} must be a positive integer, not {raw!r}") from None
-    if value <= 0:
-        raise ConfigError(f"{name} must be a positive integer, not {raw!r}")
+        value = None
+    if value is None or not valid(value):
+        raise ConfigError(f"{name} must be {expected}, not {raw!r}")
     return value
+
+
+def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
+    return _parsed(env, name, default, int, lambda v: v > 0, "a positive integer")
 
 
 def _choice(env: Mapping[str, str], name: str, default: str, choices: tuple[str, ...]) -> str:
@@ -183,35 +193,12 @@ def _weights(env: Mapping[str, str], name: str, default: tuple[float, float]) ->
 
 
 def _non_negative_int(env: Mapping[str, str], name: str, default: int) -> int:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    if not raw.strip().isdigit():
-        raise ConfigError(f"{name} must be a whole number >= 0, not {raw!r}")
-    return int(raw)
+    return _parsed(env, name, default, int, lambda v: v >= 0, "a whole number >= 0")
 
 
 def _positive_float(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{name} must be a positive number, not {raw!r}") from None
-    if value <= 0:
-        raise ConfigError(f"{name} must be a positive number, not {raw!r}")
-    return value
+    return _parsed(env, name, default, float, lambda v: v > 0, "a positive number")
 
 
 def _probability(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{name} must be a number between 0 and 1, not {raw!r}") from None
-    if not 0.0 <= value <= 1.0:
-        raise ConfigError(f"{name} must be a number between 0 and 1, not {raw!r}")
-    return value
+    return _parsed(env, name, default, float, lambda v: 0.0 <= v <= 1.0, "a number between 0 and 1")

@@ -16,6 +16,7 @@ from evidentia.reranker.classifier_model import (
     load_trained,
     resolve_model_dir,
     score_margins,
+    set_torch_threads,
 )
 
 
@@ -25,12 +26,13 @@ class ClassifierReranker(Reranker):
 
     def __init__(self, model_dir: str | Path | None = None, threshold: float | None = None,
                  batch_size: int = 16, max_length: int | None = None, window_overlap: int | None = None,
-                 device: str | None = None) -> None:
+                 device: str | None = None, threads: int | None = None) -> None:
         """``model_dir``: a directory written by `evidentia train` (default: the
         shipped CPU model). ``threshold`` None keeps every page (with its probability)."""
         self.model_dir = Path(model_dir) if model_dir else SHIPPED_MODEL_DIR
         self.threshold = threshold
         self.batch_size = batch_size
+        set_torch_threads(threads)
         self.model, self.tokenizer, self.metadata = load_trained(self.model_dir, device=device)
         trained = self.metadata.input_format
         # Windows may be made longer or shorter than in training (a larger GPU,
@@ -49,6 +51,7 @@ class ClassifierReranker(Reranker):
             batch_size=settings.classifier_batch_size,
             max_length=settings.classifier_max_length,
             window_overlap=settings.classifier_window_overlap,
+            threads=settings.torch_threads,
         )
 
     def probabilities(self, question: str, answer: str, texts: Sequence[str]) -> list[float]:

@@ -109,7 +109,7 @@ def encode_windows(tokenizer, question: str, answer: str, page_text: str, fmt: I
     for decoders. Only the page side is cut; an absurdly long query is capped at
     half the length so some page always fits."""
     q_ids = tokenizer(query_text(question, answer), add_special_tokens=False)["input_ids"][: fmt.max_length // 2]
-    p_ids = tokenizer(page_text or "", add_special_tokens=False)["input_ids"]
+    p_ids = tokenizer(page_text or "", add_special_tokens=False, verbose=False)["input_ids"]  # windows follow
     encoder = is_encoder_tokenizer(tokenizer)
     specials = 3 if encoder else 2
     room = max(8, fmt.max_length - len(q_ids) - specials)
@@ -180,6 +180,13 @@ class ModelMetadata:
     def write(self, directory: Path) -> None:
         path = Path(directory) / METADATA_FILE
         path.write_text(json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n")
+
+
+def set_torch_threads(threads: int | None) -> None:
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
 
 
 def cuda_available() -> bool:

@@ -17,8 +17,6 @@ def dataset_command(
     climretrieve: Optional[Path] = typer.Option(None, "--climretrieve",
                                                 help="Folder with ClimRetrieve's passages.jsonl."),
     negatives: int = typer.Option(8, "--negatives", help="BM25 hard negatives per query."),
-    pseudo_pages: int = typer.Option(0, "--pseudo-queries-per-doc", help="Self-supervised examples per training "
-                                     "document (a line of a page as the query; see dataset.records_from_pseudo_queries)."),
     holdout_fraction: float = typer.Option(0.0, "--holdout-fraction",
                                            help="Share of groups (see --split-by) whose queries are held out."),
     split_by: str = typer.Option("company", "--split-by",
@@ -33,7 +31,7 @@ def dataset_command(
     from evidentia.evaluation.queries import QueriesFileError, load_queries
     from evidentia.evaluation.runner import index_missing, missing_documents
     from evidentia.training.dataset import (DatasetError, dedupe, records_from_climretrieve,
-                                            records_from_pseudo_queries, records_from_queries, split_groups, write_records)
+                                            records_from_queries, split_groups, write_records)
 
     if queries is None and climretrieve is None:
         raise fail("give --queries and/or --climretrieve")
@@ -67,10 +65,6 @@ def dataset_command(
             raise fail(f"documents not indexed: {', '.join(missing[:10])}; pass --pdf-dir", EXIT_BAD_INPUT)
         records.extend(records_from_queries(qs, ctx.backend, ctx.detector, negatives_per_query=negatives,
                                             pool_size=ctx.settings.pool_size))
-        if pseudo_pages > 0:
-            train_docs = sorted({d for q in qs for d in q.doc_ids})
-            records.extend(records_from_pseudo_queries(ctx.backend, ctx.detector, train_docs,
-                                                       pages_per_doc=pseudo_pages, seed=seed))
     if climretrieve is not None:
         try:
             records.extend(records_from_climretrieve(climretrieve / "passages.jsonl", seed=seed))
@@ -98,6 +92,8 @@ def train_command(
     eval_fraction: float = typer.Option(0.15, "--eval-fraction", help="Share of documents held out for metrics."),
     max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Stop after this many optimizer steps."),
     seed: int = typer.Option(0, "--seed"),
+    negative_windows: int = typer.Option(1, "--negative-windows", help="Windows of each non-relevant page "
+                                         "trained as negatives (the best-matching one plus random others)."),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch threads (default EVIDENTIA_TORCH_THREADS, "
                                           "else torch's choice)."),
 ):
@@ -120,7 +116,8 @@ def train_command(
         raise fail(str(exc), EXIT_BAD_INPUT)
     params = TrainParams(epochs=epochs, batch_size=batch_size, grad_accum=grad_accum, learning_rate=learning_rate,
                          lora_r=lora_r, lora_alpha=lora_alpha, max_length=max_length, eval_fraction=eval_fraction,
-                         max_steps=max_steps, seed=seed, threads=threads or Settings.from_env().torch_threads)
+                         max_steps=max_steps, seed=seed, negative_windows=negative_windows,
+                         threads=threads or Settings.from_env().torch_threads)
     try:
         metadata = train(records, base_model, out, params, data_sha256=file_sha256(data),
                          log=lambda m: typer.echo(m, err=True), progress=True)

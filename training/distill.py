@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from evidentia.evaluation.queries import EvalQuery, QueriesFileError, parse_queries
+from evidentia.evaluation.queries import EvalQuery, QueriesFileError, parse_queries, read_jsonl_lines
 from evidentia.reranker.llm import (
     LLMFailure,
     LLMReranker,
@@ -265,20 +265,7 @@ def load_definitions(path: Path, field_name: str = "Definition") -> Definitions:
 def load_unlabelled_queries(path: Path) -> list[EvalQuery]:
     """Queries in the evaluation format (evaluation/queries.py), except that
     ``relevant_pages`` may be left out (it is ignored) and so may ``id`` (line-N)."""
-    path = Path(path)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise QueriesFileError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise QueriesFileError(f"{path}: is a folder, not a JSONL file") from None
-    except OSError as exc:
-        raise QueriesFileError(f"{path}: cannot read ({exc.strerror})") from None
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise QueriesFileError(f"{path}, line {line}: not UTF-8 text ({exc.reason})") from None
+    lines = read_jsonl_lines(path)
 
     def completed(n: int, line: str) -> str:
         try:
@@ -291,7 +278,7 @@ def load_unlabelled_queries(path: Path) -> list[EvalQuery]:
         obj["relevant_pages"] = {}  # ignored: the LLM labels the pages
         return json.dumps(obj, ensure_ascii=False)
 
-    return parse_queries([completed(n, line) for n, line in enumerate(text.split("\n"), 1)], source=str(path))
+    return parse_queries([completed(n, line) for n, line in enumerate(lines, 1)], source=str(Path(path)))
 
 
 # ---------------------------------------------------------------- distillation

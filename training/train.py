@@ -64,6 +64,10 @@ class TrainParams:
     max_steps: int | None = None  # optimizer steps; None = epochs decide
     gradient_checkpointing: bool = False
     threads: int | None = None  # torch intra-op threads; None = torch's default
+    # Windows of each non-relevant page used as negatives. The reranker scores a
+    # page by its best window, so a weak model that was only shown one window per
+    # negative page lets long negative pages win on their luckiest window.
+    negative_windows: int = 1
 
 
 class TrainingError(RuntimeError):
@@ -167,7 +171,15 @@ def train(records: Sequence[TrainingRecord], base_model: str, out_dir: Path, par
     log(f"base {base_model}: {'4-bit NF4 (QLoRA)' if quantized else 'full precision'} on {device}; "
         f"trainable {trainable:,} of {total:,} parameters")
 
-    examples = [(best_window(tokenizer, r, fmt), training_target(r)) for r in train_set]
+    examples = []
+    window_rng = random.Random(params.seed)
+    for r in train_set:
+        best = best_window(tokenizer, r, fmt)
+        examples.append((best, training_target(r)))
+        if r.relevance == 0 and params.negative_windows > 1:
+            others = [w for w in encode_windows(tokenizer, r.question, r.answer, r.page_text, fmt) if w != best]
+            for w in window_rng.sample(others, min(len(others), params.negative_windows - 1)):
+                examples.append((w, training_target(r)))
     steps_per_epoch = math.ceil(len(examples) / (params.batch_size * params.grad_accum))
     total_steps = params.max_steps or max(1, math.ceil(steps_per_epoch * params.epochs))
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
@@ -250,6 +262,13 @@ def _save_atomically(model, metadata: ModelMetadata, out_dir: Path) -> None:
         model.save_pretrained(str(tmp))
         for extra in ("README.md",):  # PEFT writes a model card we do not need
             (tmp / extra).unlink(missing_ok=True)
+        adapter_config = tmp / "adapter_config.json"
+        if adapter_config.exists():
+            # PEFT records the resolved base path (a site-packages path of this
+            # machine); keep the portable name the metadata uses instead
+            config = json.loads(adapter_config.read_text())
+            config["base_model_name_or_path"] = metadata.base_model
+            adapter_config.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         metadata.write(tmp)
         if out_dir.exists():
             old = out_dir.with_name(f".{out_dir.name}-old-{int(time.time())}")
