@@ -87,9 +87,7 @@ def index_missing(queries: Sequence[EvalQuery], backend: SearchBackend, detector
     """Index the PDFs of ``pdf_dir`` (searched recursively) whose stem is a doc id of
     the queries that the backend does not hold yet (with page embeddings when an
     ``embedder`` is given). Returns the IndexSummary, or None when nothing needed indexing."""
-    from tqdm import tqdm
-
-    from evidentia.indexer.pipeline import find_pdfs, index_paths
+    from evidentia.indexer.pipeline import find_pdfs, index_paths_with_progress
 
     missing = set(missing_documents(queries, backend))
     if not missing:
@@ -101,27 +99,7 @@ def index_missing(queries: Sequence[EvalQuery], backend: SearchBackend, detector
             chosen.setdefault(path.stem, path)
     if not chosen:
         return None
-    with tqdm(total=len(chosen), unit="doc", desc="indexing", file=sys.stderr,
-              disable=None if progress else True) as bar:
-        pages_done = embedded = 0
-
-        def show(refresh: bool) -> None:
-            bar.set_postfix_str(f"{pages_done} pages" + (f", {embedded} embedded" if embedder else ""),
-                                refresh=refresh)
-
-        def on_document(path: Path, pages: int) -> None:
-            nonlocal pages_done
-            pages_done += pages
-            show(False)
-            bar.update(1)
-
-        def on_embedded(pages: int) -> None:
-            nonlocal embedded
-            embedded += pages
-            show(True)
-
-        return index_paths(list(chosen.values()), backend, detector, on_document=on_document, embedder=embedder,
-                           on_embedded=on_embedded)
+    return index_paths_with_progress(list(chosen.values()), backend, detector, embedder=embedder, show=progress)
 
 
 # --------------------------------------------------------------------------- runs

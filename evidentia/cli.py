@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import sys
 import tempfile
 from pathlib import Path
 from typing import List, Optional
 
 import typer
-from tqdm import tqdm
 
 from evidentia.config import ConfigError, Settings
 
@@ -79,7 +77,7 @@ class Context:
 
 
 def _index(ctx: Context, paths: list[Path]) -> int:
-    from evidentia.indexer.pipeline import find_pdfs, index_paths
+    from evidentia.indexer.pipeline import find_pdfs, index_paths_with_progress
     from evidentia.retriever.dense import EmbeddingError
 
     files, _ = find_pdfs(paths)
@@ -89,26 +87,7 @@ def _index(ctx: Context, paths: list[Path]) -> int:
             embedder.dim  # load the model now: a bad EVIDENTIA_DENSE_MODEL fails before any work
         except EmbeddingError as exc:
             raise fail(f"{exc} (EVIDENTIA_DENSE=off indexes without embeddings)")
-    with tqdm(total=len(files), unit="doc", desc="indexing", file=sys.stderr, disable=None) as bar:
-        pages_done = embedded = 0
-
-        def show(refresh: bool) -> None:
-            bar.set_postfix_str(f"{pages_done} pages" + (f", {embedded} embedded" if embedder else ""),
-                                refresh=refresh)
-
-        def progress(path: Path, pages: int) -> None:
-            nonlocal pages_done
-            pages_done += pages
-            show(False)
-            bar.update(1)
-
-        def embedding(pages: int) -> None:
-            nonlocal embedded
-            embedded += pages
-            show(True)
-
-        summary = index_paths(paths, ctx.backend, ctx.detector, on_document=progress,
-                              embedder=embedder, on_embedded=embedding)
+    summary = index_paths_with_progress(paths, ctx.backend, ctx.detector, embedder=embedder)
     for failure in summary.failures:
         typer.echo(f"error: {failure.reason}", err=True)
     cost = summary.embedding_line()

@@ -133,3 +133,35 @@ def index_paths(
     finally:
         summary.seconds = time.perf_counter() - t_start
     return summary
+
+
+def index_paths_with_progress(paths: Sequence[Path], backend: SearchBackend, detector: LanguageDetector,
+                              embedder: "PageEmbedder | None" = None, show: bool = True) -> IndexSummary:
+    """``index_paths`` behind a progress bar on stderr: documents, pages indexed
+    and pages embedded (the slow part on a CPU)."""
+    import sys
+
+    from tqdm import tqdm
+
+    files, _ = find_pdfs(paths)
+    with tqdm(total=len(files), unit="doc", desc="indexing", file=sys.stderr,
+              disable=None if show else True) as bar:
+        pages_done = embedded = 0
+
+        def refresh(now: bool) -> None:
+            bar.set_postfix_str(f"{pages_done} pages" + (f", {embedded} embedded" if embedder else ""),
+                                refresh=now)
+
+        def on_document(path: Path, pages: int) -> None:
+            nonlocal pages_done
+            pages_done += pages
+            refresh(False)
+            bar.update(1)
+
+        def on_embedded(pages: int) -> None:
+            nonlocal embedded
+            embedded += pages
+            refresh(True)
+
+        return index_paths(paths, backend, detector, on_document=on_document, embedder=embedder,
+                           on_embedded=on_embedded)

@@ -143,3 +143,26 @@ class FakeOpenAI:
                     pass
 
         return Handler
+
+
+# -- pytest fixtures shared by the LLM test modules (import them by name) --------
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def char_token_estimate(monkeypatch):
+    """Pin the 4-characters-a-token estimate, so budgets and batch sizes do not depend on tiktoken."""
+    from evidentia.reranker import llm
+
+    monkeypatch.setattr(llm, "_counter", (lambda t: -(-len(t) // 4), lambda t, n: t[: max(0, n) * 4]))
+
+
+@pytest.fixture
+def server():
+    with FakeOpenAI() as s:
+        yield s
+
+
+@pytest.fixture
+def sleeps():
+    return []

@@ -34,7 +34,7 @@ from evidentia.training.distill import (
 )
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fake_openai import FakeOpenAI, error  # noqa: E402
+from fake_openai import FakeOpenAI, char_token_estimate, error, server, sleeps  # noqa: E402,F401  (fixtures)
 
 import tiny_models as tm  # noqa: E402
 
@@ -80,23 +80,6 @@ def by_page(answers: dict[str, object], default=None):
     return handle
 
 
-@pytest.fixture(autouse=True)
-def char_token_estimate(monkeypatch):
-    """Pin the 4-characters-a-token estimate, so budgets do not depend on tiktoken."""
-    from evidentia.reranker import llm
-
-    monkeypatch.setattr(llm, "_counter", (lambda t: -(-len(t) // 4), lambda t, n: t[: max(0, n) * 4]))
-
-
-@pytest.fixture
-def server():
-    with FakeOpenAI() as s:
-        yield s
-
-
-@pytest.fixture
-def sleeps():
-    return []
 
 
 def make_judge(server: FakeOpenAI, sleeps: list, **settings) -> PageJudge:

@@ -25,7 +25,7 @@ from evidentia.reranker.llm import (
 )
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fake_openai import FakeOpenAI, error  # noqa: E402
+from fake_openai import FakeOpenAI, char_token_estimate, error, server, sleeps  # noqa: E402,F401  (fixtures)
 
 QUESTION = "Does the supplier report its Scope 1 and 2 emissions?"
 ANSWER = "Yes, 12,450 tCO2e in 2023."
@@ -47,23 +47,6 @@ POOL = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def char_token_estimate(monkeypatch):
-    """Pin the 4-characters-a-token estimate, so batch sizes do not depend on tiktoken."""
-    from evidentia.reranker import llm
-
-    monkeypatch.setattr(llm, "_counter", (lambda t: -(-len(t) // 4), lambda t, n: t[: max(0, n) * 4]))
-
-
-@pytest.fixture
-def server():
-    with FakeOpenAI() as s:
-        yield s
-
-
-@pytest.fixture
-def sleeps():
-    return []
 
 
 def make(server: FakeOpenAI, sleeps: list, **kw) -> LLMReranker:
