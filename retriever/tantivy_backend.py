@@ -286,8 +286,9 @@ class TantivyBackend(SearchBackend):
         self._index.reload()
         return self._index.searcher()
 
-    def _doc_records(self, doc_ids: Sequence[str] | None = None) -> list[tuple[str, dict]]:
-        searcher = self._searcher()
+    def _doc_records(self, doc_ids: Sequence[str] | None = None,
+                     searcher: tantivy.Searcher | None = None) -> list[tuple[str, dict]]:
+        searcher = searcher or self._searcher()
         query = Query.term_query(self._schema, "kind", "doc")
         if doc_ids is not None:
             query = Query.boolean_query(
@@ -344,7 +345,9 @@ class TantivyBackend(SearchBackend):
 
     def search(self, keywords: Sequence[str], doc_ids: Sequence[str], top_k: int) -> list[Candidate]:
         doc_ids = list(dict.fromkeys(doc_ids))
-        known = {d for d, _ in self._doc_records(doc_ids)}
+        # one searcher (one index snapshot) for the id check and the search
+        searcher = self._searcher()
+        known = {d for d, _ in self._doc_records(doc_ids, searcher)}
         missing = [d for d in doc_ids if d not in known]
         if missing:
             raise UnknownDocumentError(missing)
@@ -361,7 +364,6 @@ class TantivyBackend(SearchBackend):
             (Occur.Must, Query.term_set_query(self._schema, "doc_id", doc_ids)),
             (Occur.Must, text_query),
         ])
-        searcher = self._searcher()
         results = []
         for score, address in searcher.search(query, top_k, count=False).hits:
             page = self._to_page(searcher.doc(address))

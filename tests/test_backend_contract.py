@@ -14,9 +14,7 @@ write protocol against a fake client, so those run without a cluster.
 from __future__ import annotations
 
 import json
-import os
 import socket
-import uuid
 from pathlib import Path
 
 import pytest
@@ -25,32 +23,14 @@ from elasticsearch import helpers as es_helpers
 
 from evidentia.records import Candidate, Document, DocumentInfo, Page
 from evidentia.retriever import elasticsearch_backend as esb
-from evidentia.retriever.base import BackendError, SearchBackend, UnknownDocumentError
-from evidentia.retriever.tantivy_backend import TantivyBackend
+from evidentia.retriever.base import BackendError, UnknownDocumentError
 from evidentia.text import LANGUAGES, keywords, tokens
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 # --- fixtures and builders -----------------------------------------------------
-@pytest.fixture(params=["embedded", pytest.param("elasticsearch", marks=pytest.mark.elasticsearch)])
-def backend(request, tmp_path) -> SearchBackend:
-    if request.param == "embedded":
-        b = TantivyBackend(tmp_path / "index")
-        yield b
-        b.close()
-        return
-    url = os.environ.get("EVIDENTIA_ES_URL")
-    if not url:
-        pytest.skip("EVIDENTIA_ES_URL is not set: no Elasticsearch cluster to run the contract against "
-                    "(start one with `docker compose up -d elasticsearch`)")
-    index = f"evidentia-test-{uuid.uuid4().hex[:12]}"
-    b = esb.ElasticsearchBackend(url, index=index, api_key=os.environ.get("EVIDENTIA_ES_API_KEY") or None)
-    try:
-        yield b
-    finally:
-        b._client.indices.delete(index=index, ignore_unavailable=True)
-        b.close()
+from backends import backend  # noqa: E402,F401  (fixture)
 
 
 def page(doc_id: str, n: int, text: str, language: str | None = "en", raw_text: str | None = None) -> Page:

@@ -10,8 +10,6 @@ the mapping are checked without one.
 from __future__ import annotations
 
 import json
-import os
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +24,7 @@ from evidentia.pipeline import Pipeline
 from evidentia.records import Document, Page, PageVectors
 from evidentia.retriever import elasticsearch_backend as esb
 from evidentia.retriever import tantivy_backend as tb
-from evidentia.retriever.base import MissingVectorsError, SearchBackend, UnknownDocumentError, VectorModelError
+from evidentia.retriever.base import MissingVectorsError, UnknownDocumentError, VectorModelError
 from evidentia.retriever.dense import EmbeddingError, PageEmbedder, page_scores
 from evidentia.retriever.query import build_query
 from evidentia.retriever.tantivy_backend import TantivyBackend
@@ -162,23 +160,7 @@ def test_bad_model_gives_a_clear_error(tmp_path):
 
 
 # --- backends: tantivy always, Elasticsearch when EVIDENTIA_ES_URL is set ---------------
-@pytest.fixture(params=["embedded", pytest.param("elasticsearch", marks=pytest.mark.elasticsearch)])
-def backend(request, tmp_path) -> SearchBackend:
-    if request.param == "embedded":
-        b = TantivyBackend(tmp_path / "index")
-        yield b
-        b.close()
-        return
-    url = os.environ.get("EVIDENTIA_ES_URL")
-    if not url:
-        pytest.skip("EVIDENTIA_ES_URL is not set: no Elasticsearch cluster for the dense tests")
-    index = f"evidentia-test-{uuid.uuid4().hex[:12]}"
-    b = esb.ElasticsearchBackend(url, index=index, api_key=os.environ.get("EVIDENTIA_ES_API_KEY") or None)
-    try:
-        yield b
-    finally:
-        b._client.indices.delete(index=index, ignore_unavailable=True)
-        b.close()
+from backends import backend  # noqa: E402,F401  (fixture)
 
 
 def test_dense_search_ranks_the_paraphrase_first_within_the_requested_documents(backend, embedder,

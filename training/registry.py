@@ -156,6 +156,14 @@ class ModelRegistry:
                                     "previous": previous, "reason": reason})
         return self.get(version)
 
+    def update_metrics(self, version: str, metrics: dict[str, Any]) -> ModelEntry:
+        """Add evaluation results to a registered model's metadata."""
+        with self._locked() as state:
+            if version not in state["models"]:
+                raise RegistryError(f"unknown model version {version!r}")
+            state["models"][version].setdefault("metrics", {}).update(metrics)
+        return self.get(version)
+
     def rollback(self) -> ModelEntry | None:
         """Back to the model that was in production before the current one
         (None: back to the default model when no earlier one exists)."""

@@ -200,10 +200,6 @@ def retrain(verdicts: Sequence[Verdict], base_records: Sequence[TrainingRecord],
     log(f"candidate {entry.version}: {decision.reason}")
     if decision.promote:
         registry.promote(entry.version, reason=decision.reason)
-    _record_metrics(registry, entry.version, registry_metrics)
+    registry.update_metrics(entry.version, registry_metrics)
     return RetrainResult(entry.version, decision, len(data.train_records), len(data.held_out_queries))
 
-
-def _record_metrics(registry: ModelRegistry, version: str, metrics: dict) -> None:
-    with registry._locked() as state:  # noqa: SLF001 - same package
-        state["models"][version].setdefault("metrics", {}).update(metrics)

@@ -74,10 +74,10 @@ class TrainingError(RuntimeError):
     pass
 
 
-def best_window(tokenizer, record: TrainingRecord, fmt: InputFormat) -> list[int]:
-    """The window of the page that shares most keywords with the query: the
-    reranker scores a page by its best window, so it is trained on best windows."""
-    windows = encode_windows(tokenizer, record.question, record.answer, record.page_text, fmt)
+def best_window(tokenizer, record: TrainingRecord, windows: list[list[int]]) -> list[int]:
+    """The window of the page (``encode_windows``) that shares most keywords with
+    the query: the reranker scores a page by its best window, so it is trained on
+    best windows."""
     if len(windows) == 1:
         return windows[0]
     wanted = set(keywords(query_text(record.question, record.answer), None))
@@ -174,10 +174,11 @@ def train(records: Sequence[TrainingRecord], base_model: str, out_dir: Path, par
     examples = []
     window_rng = random.Random(params.seed)
     for r in train_set:
-        best = best_window(tokenizer, r, fmt)
+        windows = encode_windows(tokenizer, r.question, r.answer, r.page_text, fmt)
+        best = best_window(tokenizer, r, windows)
         examples.append((best, training_target(r)))
         if r.relevance == 0 and params.negative_windows > 1:
-            others = [w for w in encode_windows(tokenizer, r.question, r.answer, r.page_text, fmt) if w != best]
+            others = [w for w in windows if w != best]
             for w in window_rng.sample(others, min(len(others), params.negative_windows - 1)):
                 examples.append((w, training_target(r)))
     steps_per_epoch = math.ceil(len(examples) / (params.batch_size * params.grad_accum))
