@@ -226,10 +226,11 @@ from evidentia.evaluation.cli import eval_command  # noqa: E402
 
 app.command("eval")(eval_command)
 
-from evidentia.training.cli import dataset_command, distill_command, train_command  # noqa: E402
+from evidentia.training.cli import calibrate_command, dataset_command, distill_command, train_command  # noqa: E402
 
 app.command("dataset")(dataset_command)
 app.command("train")(train_command)
+app.command("calibrate")(calibrate_command)
 app.command("distill")(distill_command)
 
 from evidentia.training.models_cli import models_app, retrain_command  # noqa: E402

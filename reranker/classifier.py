@@ -54,10 +54,17 @@ class ClassifierReranker(Reranker):
             threads=settings.torch_threads,
         )
 
+    def margins(self, question: str, answer: str, texts: Sequence[str]) -> list[float]:
+        """The model's logit margin (relevant minus not) of each page: its best window's."""
+        return score_margins(self.model, self.tokenizer, [(question, answer, t) for t in texts],
+                             self.input_format, self.batch_size)
+
     def probabilities(self, question: str, answer: str, texts: Sequence[str]) -> list[float]:
-        margins = score_margins(self.model, self.tokenizer, [(question, answer, t) for t in texts],
-                                self.input_format, self.batch_size)
-        return [self.metadata.calibration.probability(m) for m in margins]
+        """Calibrated probability of each page, ``texts`` being a first-stage pool in
+        its order (the calibration may weigh a page's place in the pool)."""
+        calibration = self.metadata.calibration
+        return [calibration.probability(m, rank)
+                for rank, m in enumerate(self.margins(question, answer, texts), start=1)]
 
     def rerank(self, question: str, answer: str, candidates: Sequence[Candidate]) -> RerankResult:
         if not candidates:

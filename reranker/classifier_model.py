@@ -129,14 +129,26 @@ def encode_windows(tokenizer, question: str, answer: str, page_text: str, fmt: I
 
 @dataclass
 class Calibration:
-    """Platt scaling of the page's logit margin: p = sigmoid(a * margin + b)."""
+    """Logistic calibration of a page's logit margin and of its place in the
+    first-stage pool: p = sigmoid(a * margin + rank_weight * ln(rank) + b).
+
+    With ``rank_weight`` 0 this is Platt scaling of the margin alone (what
+    `evidentia train` fits). `evidentia calibrate` fits all three on labelled
+    pools: where the first stage put a page is evidence of relevance the model
+    does not see, and a small model trained on few queries is better combined
+    with it than replacing it."""
 
     a: float = 1.0
     b: float = 0.0
+    rank_weight: float = 0.0
 
-    def probability(self, margin: float) -> float:
-        z = self.a * margin + self.b
+    def probability(self, margin: float, rank: int = 1) -> float:
+        """``rank``: the page's 1-based position in the first-stage pool."""
+        z = self.a * margin + self.b + (self.rank_weight * math.log(rank) if self.rank_weight else 0.0)
         return 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
+
+    def to_dict(self) -> dict[str, float]:
+        return {"a": self.a, "b": self.b, "rank_weight": self.rank_weight}
 
 
 @dataclass
@@ -152,7 +164,7 @@ class ModelMetadata:
             "format": FORMAT,
             "base_model": self.base_model,
             "input_format": self.input_format.to_dict(),
-            "calibration": {"a": self.calibration.a, "b": self.calibration.b},
+            "calibration": self.calibration.to_dict(),
             "metrics": self.metrics,
             **self.extra,
         }
@@ -178,8 +190,12 @@ class ModelMetadata:
         )
 
     def write(self, directory: Path) -> None:
+        """Atomically (temporary file, then rename): a reranker loading the model
+        while it is recalibrated reads the old metadata or the new, never half."""
         path = Path(directory) / METADATA_FILE
-        path.write_text(json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n")
+        tmp = path.with_name(f".{METADATA_FILE}.tmp")
+        tmp.write_text(json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n")
+        tmp.replace(path)
 
 
 def set_torch_threads(threads: int | None) -> None:

@@ -291,6 +291,21 @@ def test_threshold_drops_pages_below_it(reranker):
     assert all(p.probability == 1.0 for p in top)
 
 
+def test_rank_aware_calibration_prefers_the_earlier_of_two_equal_pages(reranker):
+    """With a rank term the same text is more probable higher in the first-stage pool;
+    without one its place does not matter."""
+    page = relevant_page(0)
+    texts = [page, irrelevant_page(1), irrelevant_page(2), page]
+    meta = copy.copy(reranker.metadata)
+    meta.calibration = Calibration(a=reranker.metadata.calibration.a, b=reranker.metadata.calibration.b,
+                                   rank_weight=-1.0)
+    first, _, _, fourth = with_(reranker, metadata=meta).probabilities(QUESTION, ANSWER, texts)
+    assert first > fourth
+    assert first == pytest.approx(fourth / (fourth + (1 - fourth) * 4 ** -1.0))  # odds scaled by 4^-1
+    plain = reranker.probabilities(QUESTION, ANSWER, texts)
+    assert plain[0] == pytest.approx(plain[3])
+
+
 def test_no_candidates_no_pages(reranker):
     assert reranker.rerank(QUESTION, ANSWER, []).pages == []
     assert with_(reranker, threshold=0.0).rerank(QUESTION, ANSWER, []).pages == []
@@ -420,3 +435,58 @@ def test_cli_search_with_a_bad_model_dir(search_env, tmp_path, monkeypatch):
     assert result.exit_code == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "not an Evidentia model directory" in lines[0]
+
+
+def test_cli_calibrate_fits_on_pools_and_rewrites_the_metadata(search_env, tmp_path, tmp_path_factory):
+    import shutil
+
+    runner, app = search_env
+    _, out, _ = tm.trained_model("encoder", tmp_path_factory)
+    model = tmp_path / "model"
+    shutil.copytree(out, model)
+    queries = tmp_path / "q.jsonl"
+    queries.write_text(json.dumps({"id": "q1", "doc_id": "tiny-report", "question": QUESTION, "answer": ANSWER,
+                                   "relevant_pages": [1]}) + "\n")
+    result = runner.invoke(app, ["calibrate", "--model", str(model), "--queries", str(queries)])
+    assert result.exit_code == 0, result.output
+    assert "calibrated on 1 queries, 3 pool pages (1 relevant), stages bm25" in result.stdout
+    meta = ModelMetadata.read(model)
+    assert meta.extra["pool_calibration"]["pages"] == 3 and meta.extra["pool_calibration"]["stages"] == ["bm25"]
+    assert meta.calibration != ModelMetadata.read(out).calibration
+    # the rewritten model still loads and reranks
+    from evidentia.reranker.classifier import ClassifierReranker
+
+    assert len(ClassifierReranker(model).rerank(QUESTION, ANSWER, candidates()).pages) == len(candidates())
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--stage", "bm26"], "--stage: choose from"),
+    (["--pool-size", "0"], "--pool-size must be a positive integer"),
+])
+def test_cli_calibrate_rejects_bad_options(search_env, tmp_path, tmp_path_factory, args, message):
+    runner, app = search_env
+    _, out, _ = tm.trained_model("encoder", tmp_path_factory)
+    queries = tmp_path / "q.jsonl"
+    queries.write_text(json.dumps({"id": "q1", "doc_id": "tiny-report", "question": QUESTION, "answer": ANSWER,
+                                   "relevant_pages": [1]}) + "\n")
+    result = runner.invoke(app, ["calibrate", "--model", str(out), "--queries", str(queries), *args])
+    assert result.exit_code != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0]
+
+
+def test_cli_calibrate_without_a_relevant_page_in_any_pool_changes_nothing(search_env, tmp_path, tmp_path_factory):
+    import shutil
+
+    runner, app = search_env
+    _, out, _ = tm.trained_model("encoder", tmp_path_factory)
+    model = tmp_path / "model"
+    shutil.copytree(out, model)
+    before = (model / METADATA_FILE).read_text()
+    queries = tmp_path / "q.jsonl"
+    queries.write_text(json.dumps({"id": "q1", "doc_id": "tiny-report", "question": QUESTION, "answer": ANSWER,
+                                   "relevant_pages": [4]}) + "\n")  # page 4 never reaches the BM25 pool
+    result = runner.invoke(app, ["calibrate", "--model", str(model), "--queries", str(queries)])
+    assert result.exit_code == 1  # bad input
+    assert "both relevant and non-relevant" in result.stderr
+    assert (model / METADATA_FILE).read_text() == before

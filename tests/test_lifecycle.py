@@ -122,11 +122,12 @@ def test_gate_rules():
 
 # -- a whole round ------------------------------------------------------------
 def _feedback_world(tmp_path: Path, n_docs: int = 8):
-    """Documents whose page 1 is about emissions (relevant) and pages 2-3 are not."""
+    """Documents whose page 1 is about emissions (relevant) and pages 2-3 are not;
+    page 3 mentions emissions in passing, so BM25 pools hold a non-relevant page."""
     pdfs = tmp_path / "pdfs"
     pdfs.mkdir()
     for i in range(n_docs):
-        write_pdf(pdfs / f"doc{i}.pdf", [relevant_page(i, 40), irrelevant_page(i, 40), irrelevant_page(i + 1, 40)])
+        write_pdf(pdfs / f"doc{i}.pdf", [relevant_page(i, 40), irrelevant_page(i, 40), "our emissions " + irrelevant_page(i + 1, 40)])
     backend = TantivyBackend(tmp_path / "index")
     detector = LanguageDetector()
     index_paths([pdfs], backend, detector)
@@ -159,6 +160,11 @@ def test_retrain_round_registers_and_gates(tmp_path, tiny):
     entry = reg.get("v0002")
     assert entry.metrics["held_out"]["queries"] == result.held_out_queries
     assert "production_on_same_split" in entry.metrics
+    # the candidate was calibrated on its training queries' BM25 pools, like the shipped model
+    from evidentia.reranker.classifier_model import ModelMetadata
+
+    fit = ModelMetadata.read(entry.path).extra["pool_calibration"]
+    assert fit["source"] == "feedback" and fit["stages"] == ["bm25"] and fit["relevant"] >= 1
     expected = "v0002" if result.decision.promote else "v0001"
     assert reg.production().version == expected
     c, p = result.decision.candidate, result.decision.production

@@ -217,3 +217,76 @@ def distill_command(
         raise fail(f"every judgement failed; {out} not written", EXIT_BACKEND)
     digest = write_records(records, out)
     typer.echo(f"{result.line()} ({labels} labels) -> {out} (sha256 {digest[:12]})")
+
+
+def calibrate_command(
+    model: Path = typer.Option(..., "--model", help="Model directory written by `evidentia train`; its "
+                               "calibration is rewritten in place."),
+    queries: Path = typer.Option(..., "--queries", help="Labelled queries (the eval format), ideally ones the "
+                                 "model was not trained on."),
+    stage: str = typer.Option("bm25", "--stage", help="First stage(s) whose pools are fitted on, comma-separated "
+                              "(bm25, dense, hybrid): the stages the model will rerank."),
+    pdf_dir: Optional[Path] = typer.Option(None, "--pdf-dir", help="PDFs of the queries' documents, indexed if missing."),
+    pool_size: Optional[int] = typer.Option(None, "--pool-size", help="Pages per pool (default EVIDENTIA_POOL_SIZE)."),
+):
+    """Fit the classifier's calibration on labelled first-stage pools: its probability becomes
+    P(relevant | model margin, place in the pool), so it ranks, thresholds and is calibrated on what it reranks."""
+    import sys
+
+    from tqdm import tqdm
+
+    from evidentia.cli import EXIT_BACKEND, EXIT_BAD_INPUT, Context, fail
+    from evidentia.config import STAGES, ConfigError
+    from evidentia.evaluation.queries import QueriesFileError, load_queries
+    from evidentia.evaluation.runner import index_missing, missing_documents
+    from evidentia.pipeline import Pipeline
+    from evidentia.reranker.classifier import ClassifierReranker
+    from evidentia.reranker.classifier_model import ModelLoadError
+    from evidentia.retriever.base import BackendError
+    from evidentia.training.calibrate import CalibrationError, calibrate, score_pools
+
+    stages = [s.strip() for s in stage.split(",") if s.strip()]
+    unknown = [s for s in stages if s not in STAGES]
+    if not stages or unknown:
+        raise fail(f"--stage: choose from {', '.join(STAGES)}")
+    if pool_size is not None and pool_size <= 0:
+        raise fail("--pool-size must be a positive integer")
+    try:
+        qs = load_queries(queries)
+    except (QueriesFileError, OSError) as exc:
+        raise fail(str(exc), EXIT_BAD_INPUT)
+    ctx = Context()
+    try:
+        reranker = ClassifierReranker(model, threads=ctx.settings.torch_threads,
+                                      batch_size=ctx.settings.classifier_batch_size)
+    except ModelLoadError as exc:
+        raise fail(str(exc), EXIT_BAD_INPUT)
+    try:
+        if pdf_dir is not None:
+            index_missing(qs, ctx.backend, ctx.detector, pdf_dir, embedder=ctx.indexing_embedder)
+        missing = missing_documents(qs, ctx.backend)
+        if missing:
+            raise fail(f"documents not indexed: {', '.join(missing[:10])}; pass --pdf-dir", EXIT_BAD_INPUT)
+        pools = []
+        for name in stages:
+            pipeline = Pipeline.from_settings(ctx.settings, ctx.backend, ctx.detector, stage=name,
+                                              embedder=ctx.embedder if name != "bm25" else None,
+                                              pool_size=pool_size)
+            pools.extend((q, pipeline.retrieve(q.question, q.answer, q.doc_ids)) for q in qs)
+    except ConfigError as exc:
+        raise fail(str(exc))
+    except BackendError as exc:
+        raise fail(str(exc), EXIT_BACKEND)
+    with tqdm(total=sum(len(c) for _, c in pools), unit="page", desc="scoring pools", file=sys.stderr,
+              disable=None) as bar:
+        pages = score_pools(reranker, pools, on_page=bar.update)
+    try:
+        result = calibrate(model, pages, stages, queries_source=str(queries))
+    except CalibrationError as exc:
+        raise fail(str(exc), EXIT_BAD_INPUT)
+    c = result.calibration
+    typer.echo(f"calibrated on {result.queries} queries, {result.pages} pool pages ({result.relevant} relevant), "
+               f"stages {','.join(stages)}: p = sigmoid({c.a:.3f} * margin {c.rank_weight:+.3f} * ln(rank) "
+               f"{c.b:+.3f})")
+    typer.echo(f"on these pools: P@3 {result.previous.p_at_3:.3f} -> {result.fitted.p_at_3:.3f}, "
+               f"ECE {result.previous.ece:.3f} -> {result.fitted.ece:.3f} (in-sample)")

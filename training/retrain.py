@@ -9,7 +9,8 @@ One round:
    even through the base training data;
 3. training set = base records (held-out documents removed) + the training
    queries' verdicts + BM25 hard negatives for each of them; duplicates removed;
-4. a candidate is trained and registered; candidate and production model are
+4. a candidate is trained, its calibration refitted on the training queries'
+   BM25 pools (margin and place in the pool), and registered; candidate and production model are
    evaluated on the held-out queries with the evaluation metrics (P@3 over the
    BM25 pool, ECE over its labelled pages);
 5. the candidate is promoted only if P@3 does not drop and ECE does not worsen
@@ -167,6 +168,29 @@ def gate(candidate: ModelScore, production: ModelScore, ece_margin: float = 0.02
                         candidate.as_dict(), production.as_dict())
 
 
+def calibrate_on_pools(model_dir: Path, load_reranker: Callable[[Path | None], object],
+                       queries: Sequence[EvalQuery], backend: SearchBackend, detector: LanguageDetector,
+                       log: Callable[[str], None] = print, pool_size: int = 20) -> None:
+    """Refit the candidate's calibration on the BM25 pools of its training queries
+    (margin and place in the pool, training/calibrate.py), as the shipped model was,
+    so candidate and production are compared on equal terms. Pages of a pool without
+    a "relevant" verdict count as not relevant, as in the training records. Skipped,
+    keeping the Platt fit of training, when no pool holds a relevant page."""
+    from evidentia.training.calibrate import CalibrationError, calibrate, score_pools
+
+    if not queries:
+        return
+    pools = [(q, backend.search(build_query(q.question, q.answer, detector).keywords, q.doc_ids, pool_size))
+             for q in queries]
+    try:
+        result = calibrate(model_dir, score_pools(load_reranker(model_dir), pools), ["bm25"], "feedback")
+    except CalibrationError as exc:
+        log(f"pool calibration skipped: {exc}")
+        return
+    log(f"calibrated on {result.pages} pool pages of {result.queries} feedback queries "
+        f"(rank weight {result.calibration.rank_weight:+.3f})")
+
+
 @dataclass
 class RetrainResult:
     version: str | None
@@ -190,6 +214,7 @@ def retrain(verdicts: Sequence[Verdict], base_records: Sequence[TrainingRecord],
         digest = write_records(data.train_records, data_file)
         out = Path(tmp) / "candidate"
         train(data.train_records, base_model, out, params, data_sha256=digest, log=log)
+        calibrate_on_pools(out, load_reranker, data.train_queries, backend, detector, log)
         production = registry.production()
         cand_score = evaluate_model(load_reranker(out), data.held_out_queries, backend, detector)
         prod_score = evaluate_model(load_reranker(production.path if production else None),
