@@ -197,10 +197,16 @@ def mean_of(values: Iterable[Optional[float]]) -> Optional[float]:
     return sum(values) / len(values) if values else None
 
 
+def pool_recall_key(ks: Sequence[int], pool_k: int) -> str:
+    """``R@{pool_k}``, or ``pool R@{pool_k}`` when the cut-offs ask for R@{pool_k} of
+    the ranking too (a thresholded ranking can hold fewer pages than the pool)."""
+    return f"pool R@{pool_k}" if pool_k in ks else f"R@{pool_k}"
+
+
 def metric_names(ks: Sequence[int], pool_k: int, ndcg_k: int = 10) -> list[str]:
     """The ranking-metric keys of ``aggregate``, in table order."""
     return ([f"P@{k}" for k in ks] + [f"R@{k}" for k in ks]
-            + [f"R@{pool_k}", "MRR", f"nDCG@{ndcg_k}", "MAP"])
+            + [pool_recall_key(ks, pool_k), "MRR", f"nDCG@{ndcg_k}", "MAP"])
 
 
 CALIBRATION_METRICS = ("ECE", "Brier", "AUROC")
@@ -221,7 +227,7 @@ def aggregate(outcomes: Sequence[Outcome], ks: Sequence[int] = (1, 3), pool_k: i
         out[f"P@{k}"] = mean_of(precision_at_k(o.ranking, o.relevant, k) for o in outcomes)
     for k in ks:
         out[f"R@{k}"] = mean_of(recall_at_k(o.ranking, o.relevant, k) for o in outcomes)
-    out[f"R@{pool_k}"] = mean_of(recall_at_k(o.pool, o.relevant, pool_k) for o in outcomes)
+    out[pool_recall_key(ks, pool_k)] = mean_of(recall_at_k(o.pool, o.relevant, pool_k) for o in outcomes)
     out["MRR"] = mean_of(reciprocal_rank(o.ranking, o.relevant) for o in outcomes)
     out[f"nDCG@{ndcg_k}"] = mean_of(ndcg_at_k(o.ranking, o.relevant, ndcg_k) for o in outcomes)
     out["MAP"] = mean_of(average_precision(o.ranking, o.relevant) for o in outcomes)

@@ -60,7 +60,8 @@ def category_table(summary: dict, name: str) -> Table:
 
 def notes(summary: dict) -> list[str]:
     pool = summary["pool_size"]
-    out = [f"R@{pool}: recall of the first-stage candidate pool (top {pool}), "
+    key = next((k for k in summary["metrics"] if k.startswith("pool R@")), f"R@{pool}")
+    out = [f"{key}: recall of the first-stage candidate pool (top {pool}), "
            "the most a reranker can reach by reordering it."]
     skipped = max((c["queries_without_relevant"] for c in summary["configs"].values()), default=0)
     if skipped:

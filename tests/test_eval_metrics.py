@@ -295,6 +295,16 @@ def test_metric_names():
     assert m.metric_names([1, 3], 20) == ["P@1", "P@3", "R@1", "R@3", "R@20", "MRR", "nDCG@10", "MAP"]
 
 
+def test_r_at_pool_size_of_the_ranking_is_not_overwritten_by_the_pool_recall():
+    """--k 1,3,20 with a pool of 20: R@20 of a thresholded ranking (1 page kept of
+    the 2 relevant in the pool) and the pool's recall are two numbers, two keys."""
+    outcome = FakeOutcome(frozenset(keys(1, 2)), keys(1, 2, 3), keys(1))
+    agg = m.aggregate([outcome], ks=[1, 3, 20], pool_k=20)
+    names = m.metric_names([1, 3, 20], 20)
+    assert len(names) == len(set(names)) and "pool R@20" in names
+    assert agg["R@20"] == 0.5 and agg["pool R@20"] == 1.0
+
+
 # --------------------------------------------------------------------------- thresholds, configs
 
 
