@@ -73,11 +73,11 @@ def eval_command(
                                             "(default EVIDENTIA_POOL_SIZE, 20)."),
 ):
     """Evaluate configurations against queries with known relevant pages (P@k, R@k, MRR, nDCG, MAP, calibration)."""
-    from evidentia.cli import EXIT_BACKEND, EXIT_BAD_INPUT, Context, fail  # fail() defaults to EXIT_USAGE
+    from evidentia.cli import EXIT_BACKEND, EXIT_BAD_INPUT, Context, fail, index_missing_documents  # fail(): EXIT_USAGE
     from evidentia.config import ConfigError
     from evidentia.evaluation.queries import QueriesFileError, load_queries
-    from evidentia.evaluation.runner import (UnknownDocumentsError, index_missing, missing_documents, parse_compare,
-                                             run_configs, summarize)
+    from evidentia.evaluation.runner import (UnknownDocumentsError, missing_documents, parse_compare, run_configs,
+                                             summarize)
     from evidentia.retriever.base import BackendError, UnknownDocumentError
 
     try:
@@ -108,11 +108,7 @@ def eval_command(
     try:
         backend = ctx.backend
         if pdf_dir is not None:
-            summary = index_missing(items, backend, ctx.detector, pdf_dir, embedder=ctx.indexing_embedder)
-            if summary is not None:
-                for failure in summary.failures:
-                    typer.echo(f"error: {failure.reason}", err=True)
-                typer.echo(f"indexed from {pdf_dir}: {summary.line()}", err=True)
+            index_missing_documents(ctx, items, pdf_dir)
         missing = missing_documents(items, backend)
         if missing:
             raise fail(str(UnknownDocumentsError(missing, pdf_dir)), EXIT_BAD_INPUT)

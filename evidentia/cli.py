@@ -76,6 +76,19 @@ class Context:
         return self.embedder if self.settings.dense else None
 
 
+def index_missing_documents(ctx: Context, queries, folder: Path) -> None:
+    """Index, from ``folder``, the documents of ``queries`` that the index lacks
+    (commands that take labelled queries and a PDF folder); each bad PDF and a
+    summary line go to stderr."""
+    from evidentia.evaluation.runner import index_missing
+
+    summary = index_missing(queries, ctx.backend, ctx.detector, folder, embedder=ctx.indexing_embedder)
+    if summary is not None:
+        for failure in summary.failures:
+            typer.echo(f"error: {failure.reason}", err=True)
+        typer.echo(f"indexed from {folder}: {summary.line()}", err=True)
+
+
 def _index(ctx: Context, paths: list[Path]) -> int:
     from evidentia.indexer.pipeline import find_pdfs, index_paths_with_progress
     from evidentia.retriever.dense import EmbeddingError

@@ -144,7 +144,7 @@ class Calibration:
 
     def probability(self, margin: float, rank: int = 1) -> float:
         """``rank``: the page's 1-based position in the first-stage pool."""
-        z = self.a * margin + self.b + (self.rank_weight * math.log(rank) if self.rank_weight else 0.0)
+        z = self.a * margin + self.rank_weight * math.log(rank) + self.b
         return 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
 
     def to_dict(self) -> dict[str, float]:

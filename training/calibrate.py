@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-from evidentia.evaluation.metrics import expected_calibration_error
+from evidentia.evaluation.metrics import expected_calibration_error, precision_at_k
 from evidentia.evaluation.queries import EvalQuery
 from evidentia.reranker.classifier_model import Calibration, ModelMetadata
 
@@ -74,9 +74,11 @@ def pool_stats(pages: Sequence[PoolPage], calibration: Calibration) -> PoolStats
     by_query: dict[str, list[tuple[float, PoolPage]]] = {}
     for prob, page in zip(probs, pages):
         by_query.setdefault(page.query_id, []).append((prob, page))
-    # P@3 of each pool ranked by probability (ties: first-stage order)
-    p3 = [sum(page.relevant for _, page in sorted(scored, key=lambda sp: (-sp[0], sp[1].rank))[:3]) / 3
-          for scored in by_query.values()]
+    # P@3 of each pool ranked by probability (ties: first-stage order); (query, rank) names a page
+    p3 = []
+    for scored in by_query.values():
+        ranking = [(page.query_id, page.rank) for _, page in sorted(scored, key=lambda sp: (-sp[0], sp[1].rank))]
+        p3.append(precision_at_k(ranking, {(page.query_id, page.rank) for _, page in scored if page.relevant}, 3))
     return PoolStats(expected_calibration_error(probs, [p.relevant for p in pages]), sum(p3) / max(1, len(p3)))
 
 
@@ -89,8 +91,9 @@ def score_pools(reranker, pools: Iterable[tuple[EvalQuery, Sequence]],
     known: dict[tuple[str, str, int], float] = {}
     for query, candidates in pools:
         todo = [c for c in candidates if (query.id, c.doc_id, c.page) not in known]
-        for c, m in zip(todo, reranker.margins(query.question, query.answer, [c.text for c in todo]) if todo else []):
-            known[(query.id, c.doc_id, c.page)] = m
+        if todo:
+            margins = reranker.margins(query.question, query.answer, [c.text for c in todo])
+            known.update(((query.id, c.doc_id, c.page), m) for c, m in zip(todo, margins))
         out.extend(PoolPage(query.id, known[(query.id, c.doc_id, c.page)], rank,
                             int((c.doc_id, c.page) in query.relevant))
                    for rank, c in enumerate(candidates, start=1))

@@ -150,9 +150,9 @@ def distill_command(
 
     from tqdm import tqdm
 
-    from evidentia.cli import EXIT_BACKEND, EXIT_BAD_INPUT, Context, fail
+    from evidentia.cli import EXIT_BACKEND, EXIT_BAD_INPUT, Context, fail, index_missing_documents
     from evidentia.evaluation.queries import QueriesFileError
-    from evidentia.evaluation.runner import index_missing, missing_documents
+    from evidentia.evaluation.runner import missing_documents
     from evidentia.reranker.llm import LLMFailure
     from evidentia.retriever.base import BackendError, UnknownDocumentError
     from evidentia.training.dataset import write_records
@@ -189,11 +189,7 @@ def distill_command(
     try:
         backend = ctx.backend
         for path in docs or []:
-            summary = index_missing(qs, backend, ctx.detector, path, embedder=ctx.indexing_embedder)
-            if summary is not None:
-                for failure in summary.failures:
-                    typer.echo(f"error: {failure.reason}", err=True)
-                typer.echo(f"indexed from {path}: {summary.line()}", err=True)
+            index_missing_documents(ctx, qs, path)
         missing = missing_documents(qs, backend)
         if missing:
             raise fail(f"documents not indexed: {', '.join(missing[:10])}; pass --docs", EXIT_BAD_INPUT)
@@ -235,10 +231,10 @@ def calibrate_command(
 
     from tqdm import tqdm
 
-    from evidentia.cli import EXIT_BACKEND, EXIT_BAD_INPUT, Context, fail
+    from evidentia.cli import EXIT_BACKEND, EXIT_BAD_INPUT, Context, fail, index_missing_documents
     from evidentia.config import STAGES, ConfigError
     from evidentia.evaluation.queries import QueriesFileError, load_queries
-    from evidentia.evaluation.runner import index_missing, missing_documents
+    from evidentia.evaluation.runner import missing_documents
     from evidentia.pipeline import Pipeline
     from evidentia.reranker.classifier import ClassifierReranker
     from evidentia.reranker.classifier_model import ModelLoadError
@@ -263,7 +259,7 @@ def calibrate_command(
         raise fail(str(exc), EXIT_BAD_INPUT)
     try:
         if pdf_dir is not None:
-            index_missing(qs, ctx.backend, ctx.detector, pdf_dir, embedder=ctx.indexing_embedder)
+            index_missing_documents(ctx, qs, pdf_dir)
         missing = missing_documents(qs, ctx.backend)
         if missing:
             raise fail(f"documents not indexed: {', '.join(missing[:10])}; pass --pdf-dir", EXIT_BAD_INPUT)

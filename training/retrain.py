@@ -168,14 +168,15 @@ def gate(candidate: ModelScore, production: ModelScore, ece_margin: float = 0.02
                         candidate.as_dict(), production.as_dict())
 
 
-def calibrate_on_pools(model_dir: Path, load_reranker: Callable[[Path | None], object],
-                       queries: Sequence[EvalQuery], backend: SearchBackend, detector: LanguageDetector,
-                       log: Callable[[str], None] = print, pool_size: int = 20) -> None:
+def calibrate_on_pools(candidate, model_dir: Path, queries: Sequence[EvalQuery], backend: SearchBackend,
+                       detector: LanguageDetector, log: Callable[[str], None] = print, pool_size: int = 20) -> None:
     """Refit the candidate's calibration on the BM25 pools of its training queries
     (margin and place in the pool, training/calibrate.py), as the shipped model was,
-    so candidate and production are compared on equal terms. Pages of a pool without
-    a "relevant" verdict count as not relevant, as in the training records. Skipped,
-    keeping the Platt fit of training, when no pool holds a relevant page."""
+    so candidate and production are compared on equal terms. ``candidate``: the
+    loaded ClassifierReranker of ``model_dir``; its calibration is updated in memory
+    and in the directory. Pages of a pool without a "relevant" verdict count as not
+    relevant, as in the training records. Skipped, keeping the Platt fit of
+    training, when no pool holds a relevant page."""
     from evidentia.training.calibrate import CalibrationError, calibrate, score_pools
 
     if not queries:
@@ -183,10 +184,11 @@ def calibrate_on_pools(model_dir: Path, load_reranker: Callable[[Path | None], o
     pools = [(q, backend.search(build_query(q.question, q.answer, detector).keywords, q.doc_ids, pool_size))
              for q in queries]
     try:
-        result = calibrate(model_dir, score_pools(load_reranker(model_dir), pools), ["bm25"], "feedback")
+        result = calibrate(model_dir, score_pools(candidate, pools), ["bm25"], "feedback")
     except CalibrationError as exc:
         log(f"pool calibration skipped: {exc}")
         return
+    candidate.metadata.calibration = result.calibration
     log(f"calibrated on {result.pages} pool pages of {result.queries} feedback queries "
         f"(rank weight {result.calibration.rank_weight:+.3f})")
 
@@ -214,9 +216,10 @@ def retrain(verdicts: Sequence[Verdict], base_records: Sequence[TrainingRecord],
         digest = write_records(data.train_records, data_file)
         out = Path(tmp) / "candidate"
         train(data.train_records, base_model, out, params, data_sha256=digest, log=log)
-        calibrate_on_pools(out, load_reranker, data.train_queries, backend, detector, log)
+        candidate = load_reranker(out)
+        calibrate_on_pools(candidate, out, data.train_queries, backend, detector, log)
         production = registry.production()
-        cand_score = evaluate_model(load_reranker(out), data.held_out_queries, backend, detector)
+        cand_score = evaluate_model(candidate, data.held_out_queries, backend, detector)
         prod_score = evaluate_model(load_reranker(production.path if production else None),
                                     data.held_out_queries, backend, detector)
         decision = gate(cand_score, prod_score, ece_margin)
