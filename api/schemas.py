@@ -100,6 +100,8 @@ class ValidateResponse(BaseModel):
     stage: Stage = Field(..., description="The first stage that built the candidate pool.")
     fallback_reason: str | None = Field(None, description="Set when the reranker failed and the first-stage order "
                                         "was returned instead.")
+    notice: str | None = Field(None, description="Set when the threshold dropped every candidate page: how many "
+                               "were scored, the best probability, and how to lower the threshold.")
     timings_ms: dict[str, float]
     model_version: str | None = Field(None, description="Identifies the classifier model (name@created+data hash); "
                                       "null for other rerankers.")

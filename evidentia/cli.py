@@ -178,7 +178,8 @@ def search(
         ], "reranker": result.reranker, "fallback_reason": result.fallback_reason}, ensure_ascii=False))
         return
     if not result.pages:
-        typer.echo("no matching page")
+        filtered = result.info.get("filtered_out")
+        typer.echo(filtered["message"] if filtered else "no matching page")
     for rank, p in enumerate(result.pages, 1):
         prob = f" p={p.probability:.2f}" if p.probability is not None else ""
         typer.echo(f"{rank:>3}. {p.doc_id}  p.{p.page:<4} score {p.score:7.3f}{prob}  {p.snippet[:160]}")

@@ -32,6 +32,9 @@ class PipelineResult:
     reranker: str
     fallback_reason: str | None = None
     timings_ms: dict[str, float] = field(default_factory=dict)
+    # The reranker's notes: ``filtered_out`` when a threshold dropped every candidate
+    # (how many, the best probability, how to lower the threshold).
+    info: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -51,6 +54,9 @@ class Pipeline:
             raise ConfigError(f"unknown first stage {self.stage!r}; choose one of {', '.join(STAGES)}")
         if self.stage != "bm25" and self.embedder is None:
             raise ConfigError(f"the {self.stage} stage needs an embedding model (PageEmbedder)")
+        attach = getattr(self.reranker, "attach_backend", None)
+        if attach is not None:  # rerankers that read stored page vectors (classifier, features kind)
+            attach(self.backend)
 
     @classmethod
     def from_settings(cls, settings: "Settings", backend: SearchBackend, detector: LanguageDetector,
@@ -105,4 +111,5 @@ class Pipeline:
             reranker=self.reranker.name,
             fallback_reason=result.fallback_reason,
             timings_ms=timings,
+            info=result.info,
         )

@@ -38,11 +38,19 @@ def _classifier(settings: Settings, threshold: float | None) -> Reranker:
         raise ConfigError(str(exc)) from None
 
 
+def _cosine(settings: Settings, threshold: float | None) -> Reranker:
+    from evidentia.reranker.cosine import CosineReranker
+    from evidentia.retriever.dense import PageEmbedder
+
+    return CosineReranker(PageEmbedder.from_settings(settings))
+
+
 # Imports happen inside the factories: torch and openai load only when used.
 _FACTORIES: dict[str, Callable[[Settings, float | None], Reranker]] = {
     "none": _none,
     "llm": _llm,
     "classifier": _classifier,
+    "cosine": _cosine,  # untrained bi-encoder baseline (no probability)
 }
 
 

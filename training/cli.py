@@ -96,8 +96,12 @@ def train_command(
                                          "trained as negatives (the best-matching one plus random others)."),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch threads (default EVIDENTIA_TORCH_THREADS, "
                                           "else torch's choice)."),
+    kind: str = typer.Option("lora", "--kind", help="lora: fine-tune --base-model (QLoRA on a GPU); features: the "
+                             "CPU default, a calibrated logistic model over pool-independent features "
+                             "(--base-model is then the bi-encoder, default all-MiniLM-L6-v2)."),
 ):
-    """Fine-tune the classifier reranker: LoRA on all linear layers (4-bit QLoRA on a GPU), head fully trained."""
+    """Train the classifier reranker: LoRA on all linear layers (4-bit QLoRA on a GPU), head fully trained;
+    or (--kind features) the feature-based relevance model."""
     from evidentia.cli import EXIT_BAD_INPUT, fail
     from evidentia.config import Settings
     from evidentia.reranker.classifier_model import ModelLoadError
@@ -114,6 +118,20 @@ def train_command(
         records = read_records(data)
     except (DatasetError, OSError) as exc:
         raise fail(str(exc), EXIT_BAD_INPUT)
+    if kind not in ("lora", "features"):
+        raise fail("--kind must be lora or features")
+    if kind == "features":
+        from evidentia.reranker.relevance_model import FeatureModelError
+        from evidentia.retriever.dense import EmbeddingError
+        from evidentia.training.train_features import train_features
+
+        try:
+            metadata = train_features(records, out, base_model=base_model, data_sha256=file_sha256(data), seed=seed,
+                                      log=lambda m: typer.echo(m, err=True))
+        except (FeatureModelError, EmbeddingError) as exc:
+            raise fail(str(exc), EXIT_BAD_INPUT)
+        typer.echo(json.dumps(metadata.metrics, indent=2))
+        return
     params = TrainParams(epochs=epochs, batch_size=batch_size, grad_accum=grad_accum, learning_rate=learning_rate,
                          lora_r=lora_r, lora_alpha=lora_alpha, max_length=max_length, eval_fraction=eval_fraction,
                          max_steps=max_steps, seed=seed, negative_windows=negative_windows,

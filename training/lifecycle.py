@@ -45,8 +45,13 @@ def verdicts_from_records(records: Sequence[TrainingRecord]) -> list[Verdict]:
 def run_retrain(settings: Settings, backend: SearchBackend, detector: LanguageDetector,
                 verdicts: Sequence[Verdict], base_data: Path | None, base_model: str,
                 params: TrainParams, held_out_fraction: float, ece_margin: float,
-                log: Callable[[str], None] = print) -> RetrainResult:
+                log: Callable[[str], None] = print, kind: str | None = None) -> RetrainResult:
+    """``kind`` None: the kind of the model in use now (production, or the shipped one)."""
     from evidentia.reranker.classifier import ClassifierReranker
+    from evidentia.reranker.classifier_model import ModelMetadata, resolve_model_dir
+
+    if kind is None:
+        kind = ModelMetadata.read(resolve_model_dir(settings)).extra.get("kind", "lora")
 
     base_records = read_records(base_data) if base_data else []
 
@@ -55,7 +60,9 @@ def run_retrain(settings: Settings, backend: SearchBackend, detector: LanguageDe
             from evidentia.reranker.classifier_model import resolve_model_dir
 
             path = resolve_model_dir(settings)
-        return ClassifierReranker(path, threshold=None, batch_size=settings.classifier_batch_size)
+        reranker = ClassifierReranker(path, threshold=None, batch_size=settings.classifier_batch_size)
+        reranker.attach_backend(backend)  # stored page vectors for features models (same numbers, faster)
+        return reranker
 
     return retrain(verdicts, base_records, backend, detector, registry_for(settings.data_dir), base_model, load,
-                   params=params, held_out_fraction=held_out_fraction, ece_margin=ece_margin, log=log)
+                   params=params, held_out_fraction=held_out_fraction, ece_margin=ece_margin, log=log, kind=kind)

@@ -24,6 +24,9 @@ def retrain_command(
                                             help="Share of documents held out for the promotion gate."),
     ece_margin: float = typer.Option(0.02, "--ece-margin", help="How much worse ECE may get and still promote."),
     as_json: bool = typer.Option(False, "--json"),
+    kind: Optional[str] = typer.Option(None, "--kind", help="features (the shipped CPU model's kind: seconds) or "
+                                       "lora (fine-tune --base-model; QLoRA on a GPU); default: the kind of the "
+                                       "model in use."),
 ):
     """Train a candidate from feedback + base data, evaluate it against production on held-out
     documents, and promote it only if P@3 does not drop and ECE does not worsen beyond the margin."""
@@ -41,11 +44,13 @@ def retrain_command(
         raise fail(str(exc), EXIT_BAD_INPUT)
     if not verdicts:
         raise fail("no feedback to learn from (the store is empty; give --feedback FILE)", EXIT_BAD_INPUT)
+    if kind is not None and kind not in ("lora", "features"):
+        raise fail("--kind must be lora or features")
     base = base_data or ctx.settings.retrain_base_data
     params = TrainParams(epochs=epochs, learning_rate=learning_rate, max_steps=max_steps)
     try:
         result = run_retrain(ctx.settings, ctx.backend, ctx.detector, verdicts, base, base_model, params,
-                             held_out_fraction, ece_margin, log=lambda m: typer.echo(m, err=True))
+                             held_out_fraction, ece_margin, log=lambda m: typer.echo(m, err=True), kind=kind)
     except (TrainingError, ModelLoadError, RegistryError, DatasetError) as exc:
         raise fail(str(exc), EXIT_BAD_INPUT)
     summary = {"version": result.version, "promoted": result.decision.promote, "reason": result.decision.reason,

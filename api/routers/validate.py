@@ -170,4 +170,5 @@ async def validate(body: ValidateRequest, caller: Caller = Depends(require_tenan
         m.fallbacks.labels(result.reranker).inc()
     return ValidateResponse(validation_id=validation.validation_id, pages=pages, reranker=result.reranker, stage=stage,
                             fallback_reason=result.fallback_reason,
+                            notice=(result.info.get("filtered_out") or {}).get("message"),
                             timings_ms={k: round(v, 2) for k, v in timings.items()}, model_version=version)

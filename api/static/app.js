@@ -364,6 +364,9 @@ function renderResults(result) {
     fallback.textContent = "";
   }
   $("no-results").hidden = n > 0;
+  // every candidate fell below the threshold: say so (how many, best probability, how to lower it)
+  $("no-results").textContent = result.notice ||
+    "No page matches: try other words, or other documents.";
   const items = result.pages.map((page, i) => resultItem(page, i + 1, result));
   $("result-list").replaceChildren(...items);
   $("results").hidden = false;
