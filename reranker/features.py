@@ -50,6 +50,7 @@ FEATURE_NAMES = (
     "phrase_question",  # share of adjacent question-keyword pairs found adjacent on the page
     "num_answer",       # share of the answer's figures on the page (0 when it has none)
     "has_num_answer",   # 1 when the answer has figures
+    "has_answer",       # 1 when an answer was given (the answer features are 0 without one)
     "log_len",          # ln(1 + page tokens)
     "num_share",        # share of numeric tokens on the page
 )
@@ -89,6 +90,7 @@ class QueryTerms:
     answer_numbers: tuple[str, ...]  # canonical figures of the answer
     pairs: tuple[tuple[str, str], ...]  # adjacent question keywords
     weights: dict = None  # stem -> fixed IDF (term_weight)
+    has_answer: bool = False
 
 
 def query_terms(question: str, answer: str, language: str | None = None) -> QueryTerms:
@@ -102,7 +104,7 @@ def query_terms(question: str, answer: str, language: str | None = None) -> Quer
     qset = set(q)
     words = tuple(dict.fromkeys(_stem(t) for t in a_all if not _is_number(t) and _stem(t) not in qset))
     pairs = tuple(dict.fromkeys(zip(q, q[1:])))
-    return QueryTerms(tuple(dict.fromkeys(q)), words, numbers, pairs, weights)
+    return QueryTerms(tuple(dict.fromkeys(q)), words, numbers, pairs, weights, bool(answer.strip()))
 
 
 @dataclass(frozen=True)
@@ -174,6 +176,7 @@ def lexical_features(terms: QueryTerms, page_text: str, stats: TermStatistics | 
         phrase,
         cov(terms.answer_numbers),
         1.0 if terms.answer_numbers else 0.0,
+        1.0 if terms.has_answer else 0.0,
         math.log1p(n),
         numbers / n if n else 0.0,
     ]

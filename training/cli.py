@@ -125,9 +125,12 @@ def train_command(
         from evidentia.retriever.dense import EmbeddingError
         from evidentia.training.train_features import train_features
 
+        from evidentia.cli import Context
+
         try:
+            # the index's stored page vectors are used for records of pages it holds (same numbers, faster)
             metadata = train_features(records, out, base_model=base_model, data_sha256=file_sha256(data), seed=seed,
-                                      log=lambda m: typer.echo(m, err=True))
+                                      log=lambda m: typer.echo(m, err=True), backend=Context().backend)
         except (FeatureModelError, EmbeddingError) as exc:
             raise fail(str(exc), EXIT_BAD_INPUT)
         typer.echo(json.dumps(metadata.metrics, indent=2))

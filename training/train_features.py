@@ -6,7 +6,8 @@ training records (`evidentia dataset`): the CPU default of the classifier rerank
 2. every record gets its pool-independent features (``reranker/features.py``),
    computed with the untrained all-MiniLM-L6-v2 bi-encoder;
 3. a logistic regression is fitted on all records (soft labels where a record
-   has one);
+   has one); every record with an answer is also trained without it (question-
+   only queries), so the model is calibrated for both;
 4. out-of-fold predictions (folds by document: a page is scored by a model that
    never saw its document) give the model's calibration and AUROC on unseen
    documents, and the default threshold: the highest t keeping >= 90 % of the
@@ -20,6 +21,7 @@ from __future__ import annotations
 import json
 import time
 from collections import defaultdict
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Sequence
@@ -36,14 +38,15 @@ EMBEDDING = {"max_tokens": 256, "window_overlap": 32, "max_windows": 8}  # as th
 
 
 def record_features(records: Sequence[TrainingRecord], extractor: FeatureExtractor,
-                    progress: Callable[[int], None] | None = None) -> np.ndarray:
+                    progress: Callable[[int], None] | None = None, vector_source=None) -> np.ndarray:
     """Features of every record, the records of one query computed together."""
     by_query: dict[tuple[str, str], list[int]] = defaultdict(list)
     for i, r in enumerate(records):
         by_query[(r.question, r.answer)].append(i)
     out = np.zeros((len(records), len(FEATURE_NAMES)))
     for (question, answer), idx in by_query.items():
-        out[idx] = extractor.features(question, answer, [(None, None, records[i].page_text) for i in idx])
+        pages = [(records[i].doc_id or None, records[i].page, records[i].page_text) for i in idx]
+        out[idx] = extractor.features(question, answer, pages, vector_source=vector_source)
         if progress is not None:
             progress(len(idx))
     return out
@@ -51,18 +54,29 @@ def record_features(records: Sequence[TrainingRecord], extractor: FeatureExtract
 
 def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model: str = DEFAULT_EMBEDDER,
                    data_sha256: str = "", regularisation: float = 1.0, seed: int = 0,
-                   log: Callable[[str], None] = print, embedder=None) -> ModelMetadata:
+                   log: Callable[[str], None] = print, embedder=None,
+                   answerless_copies: bool = True, backend=None) -> ModelMetadata:
+    """``backend``: an index holding the records' pages (doc_id, page): their window
+    vectors are read from it instead of computed (same numbers, much faster)."""
     from evidentia.retriever.dense import PageEmbedder
 
     if not records:
         raise FeatureModelError("no training records")
     t0 = time.perf_counter()
+    if answerless_copies:
+        # analysts sometimes ask without an answer: each record also trains without it
+        records = list(records) + [replace(r, answer="") for r in records if r.answer.strip()]
     texts = {r.page_text for r in records}
     stats = TermStatistics.from_texts(sorted(texts))
     embedder = embedder or PageEmbedder(base_model, **EMBEDDING)
     extractor = FeatureExtractor(embedder, stats)
     log(f"features of {len(records)} records ({len(texts)} distinct pages)...")
-    x = record_features(records, extractor)
+    source = None
+    if backend is not None:
+        from evidentia.reranker.features import stored_vector_source
+
+        source = stored_vector_source(backend, embedder.name)
+    x = record_features(records, extractor, vector_source=source)
     labels = [r.soft_label if r.soft_label is not None else float(r.relevance) for r in records]
     hard = np.asarray([r.relevance for r in records])
     model = fit(x, labels, regularisation=regularisation)
@@ -73,8 +87,10 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
         oof = out_of_fold(x, labels, groups, regularisation=regularisation, seed=seed)
         metrics["out_of_fold"] = _oof_metrics(oof, hard)
         pools: dict[tuple[str, str], list[int]] = defaultdict(list)
+        answered = any(r.answer.strip() for r in records)
         for i, r in enumerate(records):
-            pools[(r.question, r.answer)].append(i)
+            if r.answer.strip() or not answered:  # the threshold is chosen on answered queries, the usual case
+                pools[(r.question, r.answer)].append(i)
         try:
             choice = choose_threshold([(oof[idx].tolist(), hard[idx].tolist()) for idx in pools.values()])
             model.threshold = choice.threshold
