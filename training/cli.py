@@ -99,6 +99,9 @@ def train_command(
     kind: str = typer.Option("lora", "--kind", help="lora: fine-tune --base-model (QLoRA on a GPU); features: the "
                              "CPU default, a calibrated logistic model over pool-independent features "
                              "(--base-model is then the bi-encoder, default all-MiniLM-L6-v2)."),
+    threshold_skip: Optional[str] = typer.Option(None, "--threshold-skip-docs", help="features: pools of documents "
+                                                 "whose id starts with this are not used to choose the default "
+                                                 "threshold (e.g. CR_: ClimRetrieve pools, every page on-topic)."),
 ):
     """Train the classifier reranker: LoRA on all linear layers (4-bit QLoRA on a GPU), head fully trained;
     or (--kind features) the feature-based relevance model."""
@@ -130,7 +133,8 @@ def train_command(
         try:
             # the index's stored page vectors are used for records of pages it holds (same numbers, faster)
             metadata = train_features(records, out, base_model=base_model, data_sha256=file_sha256(data), seed=seed,
-                                      log=lambda m: typer.echo(m, err=True), backend=Context().backend)
+                                      log=lambda m: typer.echo(m, err=True), backend=Context().backend,
+                                      threshold_skip_prefix=threshold_skip)
         except (FeatureModelError, EmbeddingError) as exc:
             raise fail(str(exc), EXIT_BAD_INPUT)
         typer.echo(json.dumps(metadata.metrics, indent=2))

@@ -55,7 +55,8 @@ def record_features(records: Sequence[TrainingRecord], extractor: FeatureExtract
 def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model: str = DEFAULT_EMBEDDER,
                    data_sha256: str = "", regularisation: float = 1.0, seed: int = 0,
                    log: Callable[[str], None] = print, embedder=None,
-                   answerless_copies: bool = True, backend=None) -> ModelMetadata:
+                   answerless_copies: bool = True, backend=None,
+                   threshold_skip_prefix: str | None = None) -> ModelMetadata:
     """``backend``: an index holding the records' pages (doc_id, page): their window
     vectors are read from it instead of computed (same numbers, much faster)."""
     from evidentia.retriever.dense import PageEmbedder
@@ -89,13 +90,17 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
         pools: dict[tuple[str, str], list[int]] = defaultdict(list)
         answered = any(r.answer.strip() for r in records)
         for i, r in enumerate(records):
+            if threshold_skip_prefix and (r.doc_id or "").startswith(threshold_skip_prefix):
+                continue  # pools unlike a first stage's (e.g. ClimRetrieve: every page on-topic)
             if r.answer.strip() or not answered:  # the threshold is chosen on answered queries, the usual case
                 pools[(r.question, r.answer)].append(i)
         try:
             choice = choose_threshold([(oof[idx].tolist(), hard[idx].tolist()) for idx in pools.values()])
             model.threshold = choice.threshold
             metrics["threshold"] = {"t": choice.threshold, "recall_kept": choice.recall_kept,
-                                    "pool_share": choice.pool_share, "chosen_on": "out-of-fold pools"}
+                                    "pool_share": choice.pool_share, "queries": len(pools),
+                                    "chosen_on": "out-of-fold pools" + (f" (documents {threshold_skip_prefix}* left out)"
+                                                                        if threshold_skip_prefix else "")}
         except FeatureModelError as exc:
             log(f"no default threshold: {exc}")
     metadata = ModelMetadata(
