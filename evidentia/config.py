@@ -44,7 +44,8 @@ class Settings:
     llm_token_budget: int = 12000  # prompt tokens per request; longer pools are split
     # Classifier reranker: a directory written by `evidentia train` (None = the shipped CPU model).
     classifier_model: str | None = None
-    classifier_threshold: float = 0.15
+    # chosen on out-of-fold financebench pools when the shipped model was trained (docs/BENCHMARKS.md, section 7)
+    classifier_threshold: float = 0.07
     # torch intra-op threads (None: torch's default). On small shared VMs one
     # thread per process is often much faster than oversubscribed cores.
     torch_threads: int | None = None
