@@ -18,9 +18,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from evidentia.api.app import create_app
-from evidentia.api.indexing import internal_id
-from evidentia.api.services import store_path
-from evidentia.api.store import Store
+from evidentia.tenants import internal_id
+from evidentia.store import store_path
+from evidentia.store import Store
 from evidentia.config import Settings
 from evidentia.reranker.base import Reranker, RerankResult, passthrough
 from evidentia.samples import SAMPLE_ANSWER, SAMPLE_QUESTION, SAMPLE_REPORT_PAGES, write_pdf, write_sample_report
@@ -354,7 +354,7 @@ def test_admin_keys(client):
     assert tenant_key["X-API-Key"] not in client.get("/v1/admin/keys", headers=admin).text
     # the store holds a salted hash, never the key
     secret = tenant_key["X-API-Key"].split("_", 2)[2]
-    db = store_path(services_of(client).settings)
+    db = store_path(services_of(client).settings.data_dir)
     stored = b"".join(p.read_bytes() for p in db.parent.glob(db.name + "*"))  # the db and its WAL
     assert secret.encode() not in stored and tenant_key["X-API-Key"].encode() not in stored
 
@@ -502,7 +502,7 @@ class SlowReranker(Reranker):
         self.seconds = seconds
         self.done = threading.Event()
 
-    def rerank(self, question, answer, candidates):
+    def rerank(self, query, candidates):
         time.sleep(self.seconds)
         self.done.set()
         return RerankResult(pages=passthrough(candidates))
@@ -528,7 +528,7 @@ def test_reranker_fallback_is_reported_and_counted(own_client, sample_pdf):
     class Failing(Reranker):
         name = "llm"
 
-        def rerank(self, question, answer, candidates):
+        def rerank(self, query, candidates):
             return RerankResult(pages=passthrough(candidates), fallback_reason="the LLM endpoint timed out")
 
     c = own_client()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from evidentia.api.indexing import internal_id
+from evidentia.tenants import internal_id
 from evidentia.samples import write_pdf
 from tests.test_api import assert_error, make_app, new_tenant, upload, wait_indexed, wait_ready
 

@@ -27,6 +27,8 @@ from evidentia.training.dataset import (
 from evidentia.training.train import TrainingError, TrainParams, train
 
 import tiny_models as tm
+from evidentia.engine import Engine
+from evidentia.config import Settings
 
 # PEFT calls a transformers method that transformers 5 deprecates; not ours to fix.
 pytestmark = pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning")
@@ -120,7 +122,7 @@ def test_climretrieve_bad_line_is_named(tmp_path):
 
 def test_records_from_queries(backend, detector, make_pdf):
     from evidentia.evaluation.queries import EvalQuery
-    from evidentia.indexer.pipeline import index_pdf
+    from evidentia.indexing import index_pdf
 
     report = make_pdf("report.pdf", [
         "Our carbon emissions were reduced by 12 % in 2023 compared with the previous year.",
@@ -136,7 +138,7 @@ def test_records_from_queries(backend, detector, make_pdf):
     query = EvalQuery(id="q1", doc_ids=("report",), question="What were the carbon emissions?",
                       answer="Emissions were reduced.", relevant=frozenset({("report", 1), ("report", 5),
                                                                               ("report", 6)}))
-    records = list(records_from_queries([query], backend, detector, negatives_per_query=10))
+    records = list(records_from_queries([query], Engine(Settings(), backend=backend), negatives_per_query=10))
     positives = [r for r in records if r.relevance == 1]
     negatives = [r for r in records if r.relevance == 0]
     # the relevant pages with text (page 5 is empty), with the indexed text
@@ -146,11 +148,11 @@ def test_records_from_queries(backend, detector, make_pdf):
     assert {(r.doc_id, r.page) for r in negatives} == {("report", 2), ("report", 3)}
     assert all(r.question == query.question and r.answer == query.answer and r.source == "queries"
                for r in records)
-    few = list(records_from_queries([query], backend, detector, negatives_per_query=1))
+    few = list(records_from_queries([query], Engine(Settings(), backend=backend), negatives_per_query=1))
     few_negatives = [r for r in few if r.relevance == 0]
     assert len(few_negatives) == 1 and few_negatives[0] == negatives[0]
     assert [r for r in few if r.relevance == 1] == positives
-    none = list(records_from_queries([query], backend, detector, negatives_per_query=0))
+    none = list(records_from_queries([query], Engine(Settings(), backend=backend), negatives_per_query=0))
     assert all(r.relevance == 1 for r in none)
 
 
