@@ -25,14 +25,15 @@ from evidentia.reranker.classifier_model import (
     score_margins,
 )
 
-import tiny_models as tm
+from tests.utils import tiny_models as tm
 from evidentia.retriever.query import build_query
-from tiny_models import ANSWER, QUESTION, filler, irrelevant_page, relevant_page
+from tests.utils.tiny_models import ANSWER, QUESTION, filler, irrelevant_page, relevant_page
 
 KINDS = ["encoder", "llama"]
 
 # PEFT calls a transformers method that transformers 5 deprecates; not ours to fix.
-pytestmark = pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning"),
+              pytest.mark.slow]  # trains tiny models
 
 
 @pytest.fixture(scope="module", params=KINDS)

@@ -161,7 +161,7 @@ def test_bad_model_gives_a_clear_error(tmp_path):
 
 
 # --- backends: tantivy always, Elasticsearch when EVIDENTIA_ES_URL is set ---------------
-from backends import backend  # noqa: E402,F401  (fixture)
+from tests.utils.backends import backend  # noqa: E402,F401  (fixture)
 
 
 def test_dense_search_ranks_the_paraphrase_first_within_the_requested_documents(backend, embedder,

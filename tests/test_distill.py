@@ -34,9 +34,9 @@ from evidentia.training.distill import (
 )
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fake_openai import FakeOpenAI, char_token_estimate, error, server, sleeps  # noqa: E402,F401  (fixtures)
+from tests.utils.fake_openai import FakeOpenAI, char_token_estimate, error, server, sleeps  # noqa: E402,F401  (fixtures)
 
-import tiny_models as tm  # noqa: E402
+from tests.utils import tiny_models as tm  # noqa: E402
 from evidentia.engine import Engine
 
 # PEFT calls a transformers method that transformers 5 deprecates; not ours to fix.

@@ -21,7 +21,9 @@ from evidentia.training.dataset import TrainingRecord
 from evidentia.reranker.model_registry import ModelRegistry, RegistryError, registry_for
 from evidentia.training.train import TrainParams
 from evidentia.engine import Engine
-from tests.tiny_models import ANSWER, QUESTION, irrelevant_page, relevant_page, trained_model
+from tests.utils.tiny_models import ANSWER, QUESTION, irrelevant_page, relevant_page, trained_model
+
+pytestmark = pytest.mark.slow  # trains and retrains tiny models
 
 
 @pytest.fixture()

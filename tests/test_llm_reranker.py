@@ -26,7 +26,7 @@ from evidentia.reranker.llm import (
 )
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fake_openai import FakeOpenAI, char_token_estimate, error, server, sleeps  # noqa: E402,F401  (fixtures)
+from tests.utils.fake_openai import FakeOpenAI, char_token_estimate, error, server, sleeps  # noqa: E402,F401  (fixtures)
 
 QUESTION = "Does the supplier report its Scope 1 and 2 emissions?"
 ANSWER = "Yes, 12,450 tCO2e in 2023."
