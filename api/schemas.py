@@ -103,6 +103,9 @@ class ValidateResponse(BaseModel):
     timings_ms: dict[str, float]
     model_version: str | None = Field(None, description="Identifies the classifier model (name@created+data hash); "
                                       "null for other rerankers.")
+    candidates: int = Field(0, description="Pages in the first-stage pool the reranker saw.")
+    note: str | None = Field(None, description="When no page came back: why (no searchable word, no page with "
+                             "the words, every candidate below the threshold) and what to do.")
 
 
 # -- feedback -----------------------------------------------------------------
