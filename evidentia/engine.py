@@ -321,7 +321,8 @@ class Engine:
         from evidentia.indexing import index_paths_with_progress
 
         return index_paths_with_progress(paths, self.backend, self.detector, embedder=self.indexing_embedder,
-                                         show=progress, doc_id_of=doc_id_of or (lambda path: path.stem))
+                                         show=progress, doc_id_of=doc_id_of or (lambda path: path.stem),
+                                         every_s=self.settings.progress_interval_s)
 
     def missing_documents(self, doc_ids: Sequence[str]) -> list[str]:
         indexed = {d.doc_id for d in self.backend.list_documents()}

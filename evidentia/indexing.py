@@ -141,32 +141,30 @@ def index_paths(
 
 def index_paths_with_progress(paths: Sequence[Path], backend: SearchBackend, detector: LanguageDetector,
                               embedder: "PageEmbedder | None" = None, show: bool = True,
-                              doc_id_of: Callable[[Path], str] = lambda path: path.stem) -> IndexSummary:
-    """``index_paths`` behind a progress bar on stderr: documents, pages indexed
-    and pages embedded (the slow part on a CPU)."""
-    import sys
-
-    from tqdm import tqdm
+                              doc_id_of: Callable[[Path], str] = lambda path: path.stem,
+                              every_s: float = 10.0) -> IndexSummary:
+    """``index_paths`` with its progress on stderr (a bar on a terminal, a line every
+    ``every_s`` seconds otherwise): documents, pages indexed and pages embedded
+    (the slow part on a CPU)."""
+    from evidentia.progress import Progress
 
     files, _ = find_pdfs(paths)
-    with tqdm(total=len(files), unit="doc", desc="indexing", file=sys.stderr,
-              disable=None if show else True) as bar:
+    with Progress(len(files), "indexing", "documents", show=show, every_s=every_s) as bar:
         pages_done = embedded = 0
 
-        def refresh(now: bool) -> None:
-            bar.set_postfix_str(f"{pages_done} pages" + (f", {embedded} embedded" if embedder else ""),
-                                refresh=now)
+        def refresh() -> None:
+            bar.note(f"{pages_done} pages" + (f", {embedded} embedded" if embedder else ""))
 
         def on_document(path: Path, pages: int) -> None:
             nonlocal pages_done
             pages_done += pages
-            refresh(False)
             bar.update(1)
+            refresh()
 
         def on_embedded(pages: int) -> None:
             nonlocal embedded
             embedded += pages
-            refresh(True)
+            refresh()
 
         return index_paths(paths, backend, detector, on_document=on_document, embedder=embedder,
                            on_embedded=on_embedded, doc_id_of=doc_id_of)

@@ -147,9 +147,7 @@ def distill_command(
 ):
     """Distil training records from an LLM (EVIDENTIA_LLM_*): one yes/no + confidence judgement per page
     of each query's BM25 pool. Pages whose judgement fails are skipped and counted, never labelled."""
-    import sys
-
-    from tqdm import tqdm
+    from evidentia.progress import Progress
 
     from evidentia.console import EXIT_BACKEND, EXIT_BAD_INPUT, Context, fail
     from evidentia.evaluation.queries import QueriesFileError
@@ -185,7 +183,7 @@ def distill_command(
     bars: list = []  # the progress bar starts once the pool is known (after any indexing)
 
     def start(pages: int) -> None:
-        bars.append(tqdm(total=pages, unit="page", desc="judging", file=sys.stderr, disable=None))
+        bars.append(Progress(pages, "judging", "pages", every_s=ctx.settings.progress_interval_s))
 
     try:
         ctx.backend  # noqa: B018 (opens it, or fails with the right exit code)
@@ -228,9 +226,7 @@ def calibrate_command(
 ):
     """Fit the classifier's calibration on labelled first-stage pools: its probability becomes
     P(relevant | model margin, place in the pool), so it ranks, thresholds and is calibrated on what it reranks."""
-    import sys
-
-    from tqdm import tqdm
+    from evidentia.progress import Progress
 
     from evidentia.config import STAGES, ConfigError
     from evidentia.console import EXIT_BACKEND, EXIT_BAD_INPUT, Context, fail
@@ -274,8 +270,8 @@ def calibrate_command(
         raise fail(str(exc))
     except BackendError as exc:
         raise fail(str(exc), EXIT_BACKEND)
-    with tqdm(total=sum(len(c) for _, c in pools), unit="page", desc="scoring pools", file=sys.stderr,
-              disable=None) as bar:
+    with Progress(sum(len(c) for _, c in pools), "scoring pools", "pages",
+                  every_s=ctx.settings.progress_interval_s) as bar:
         pages = score_pools(reranker, pools, on_page=bar.update)
     try:
         result = calibrate(model, pages, stages, queries_source=queries.name)  # no path of this machine

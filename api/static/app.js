@@ -177,7 +177,9 @@ function statusText(d) {
     return d.empty_pages ? `${pages}, ${d.empty_pages} without text` : pages;
   }
   if (d.status === "failed") return d.reason || "indexing failed";
-  return d.status === "queued" ? "waiting to be indexed…" : "indexing…";
+  if (d.status === "queued") return "waiting to be indexed…";
+  if (d.progress) return `indexing ${d.progress.pages_done} / ${d.progress.pages_total} pages…`;
+  return "indexing…";
 }
 
 function renderDocuments() {
