@@ -73,10 +73,6 @@ def all_doc_ids(queries: Sequence[EvalQuery]) -> list[str]:
     return list(dict.fromkeys(d for q in queries for d in q.doc_ids))
 
 
-def missing_documents(queries: Sequence[EvalQuery], engine: Engine) -> list[str]:
-    return engine.missing_documents(all_doc_ids(queries))
-
-
 # --------------------------------------------------------------------------- runs
 
 

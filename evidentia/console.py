@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import typer
 
@@ -96,6 +96,18 @@ class Context:
     def _fail(exc: RunConfigError, flags: dict[str, str] | None = None) -> typer.Exit:
         names = {**OPTION_FLAGS, **(flags or {})}
         return fail("; ".join(f"{names.get(o, o)} {m}" for o, m in exc.problems))
+
+    def require_documents(self, doc_ids: Sequence[str], folders: Sequence[Path],
+                          missing_message: Callable[[list[str]], str]) -> None:
+        """Commands that take labelled queries: open the index, index the queries'
+        documents it lacks from ``folders``, and fail (exit 1) with
+        ``missing_message(ids)`` when some are still missing."""
+        self.backend  # noqa: B018 (opens it, or fails with the right exit code)
+        for folder in folders:
+            self.index_missing(doc_ids, folder)
+        missing = self.engine.missing_documents(doc_ids)
+        if missing:
+            raise fail(missing_message(missing), EXIT_BAD_INPUT)
 
     def index_missing(self, doc_ids: Sequence[str], folder: Path) -> None:
         """Index, from ``folder``, the documents the index lacks (commands that take

@@ -10,6 +10,10 @@ from typing import List, Optional
 import typer
 
 
+def _missing_message(flag: str):
+    return lambda missing: f"documents not indexed: {', '.join(missing[:10])}; pass {flag}"
+
+
 def dataset_command(
     out: Path = typer.Option(..., "--out", help="JSONL file of training records to write."),
     queries: Optional[Path] = typer.Option(None, "--queries", help="Labelled queries (the eval format)."),
@@ -29,7 +33,7 @@ def dataset_command(
     queries, and ClimRetrieve passages. Held-out queries never contribute a record."""
     from evidentia.console import EXIT_BAD_INPUT, Context, fail
     from evidentia.evaluation.queries import QueriesFileError, load_queries
-    from evidentia.evaluation.runner import all_doc_ids, missing_documents
+    from evidentia.evaluation.runner import all_doc_ids
     from evidentia.training.dataset import (DatasetError, dedupe, records_from_climretrieve,
                                             records_from_queries, split_groups, write_records)
 
@@ -58,12 +62,7 @@ def dataset_command(
             typer.echo(f"held out {len(qs) - len(train_qs)} of {len(qs)} queries ({len(held)} {split_by} group(s))",
                        err=True)
             qs = train_qs
-        ctx.backend  # noqa: B018 (opens it, or fails with the right exit code)
-        if pdf_dir is not None:
-            ctx.index_missing(all_doc_ids(qs), pdf_dir)
-        missing = missing_documents(qs, ctx.engine)
-        if missing:
-            raise fail(f"documents not indexed: {', '.join(missing[:10])}; pass --pdf-dir", EXIT_BAD_INPUT)
+        ctx.require_documents(all_doc_ids(qs), [pdf_dir] if pdf_dir else [], _missing_message("--pdf-dir"))
         records.extend(records_from_queries(qs, ctx.engine, negatives_per_query=negatives,
                                             pool_size=ctx.settings.pool_size))
     if climretrieve is not None:
@@ -151,7 +150,7 @@ def distill_command(
 
     from evidentia.console import EXIT_BACKEND, EXIT_BAD_INPUT, Context, fail
     from evidentia.evaluation.queries import QueriesFileError
-    from evidentia.evaluation.runner import all_doc_ids, missing_documents
+    from evidentia.evaluation.runner import all_doc_ids
     from evidentia.reranker.llm import LLMFailure
     from evidentia.retriever.base import BackendError, UnknownDocumentError
     from evidentia.training.dataset import write_records
@@ -186,12 +185,7 @@ def distill_command(
         bars.append(Progress(pages, "judging", "pages", every_s=ctx.settings.progress_interval_s))
 
     try:
-        ctx.backend  # noqa: B018 (opens it, or fails with the right exit code)
-        for path in docs or []:
-            ctx.index_missing(all_doc_ids(qs), path)
-        missing = missing_documents(qs, ctx.engine)
-        if missing:
-            raise fail(f"documents not indexed: {', '.join(missing[:10])}; pass --docs", EXIT_BAD_INPUT)
+        ctx.require_documents(all_doc_ids(qs), docs or [], _missing_message("--docs"))
         if defs is not None:
             matched = sum(1 for q in qs if defs.lookup(q.question) is not None)
             typer.echo(f"definitions: {matched} of {len(qs)} queries have one", err=True)
@@ -231,7 +225,7 @@ def calibrate_command(
     from evidentia.config import STAGES, ConfigError
     from evidentia.console import EXIT_BACKEND, EXIT_BAD_INPUT, Context, fail
     from evidentia.evaluation.queries import QueriesFileError, load_queries
-    from evidentia.evaluation.runner import all_doc_ids, missing_documents
+    from evidentia.evaluation.runner import all_doc_ids
     from evidentia.reranker.classifier import ClassifierReranker
     from evidentia.reranker.classifier_model import ModelLoadError
     from evidentia.retriever.base import BackendError
@@ -254,12 +248,7 @@ def calibrate_command(
     except ModelLoadError as exc:
         raise fail(str(exc), EXIT_BAD_INPUT)
     try:
-        ctx.backend  # noqa: B018 (opens it, or fails with the right exit code)
-        if pdf_dir is not None:
-            ctx.index_missing(all_doc_ids(qs), pdf_dir)
-        missing = missing_documents(qs, ctx.engine)
-        if missing:
-            raise fail(f"documents not indexed: {', '.join(missing[:10])}; pass --pdf-dir", EXIT_BAD_INPUT)
+        ctx.require_documents(all_doc_ids(qs), [pdf_dir] if pdf_dir else [], _missing_message("--pdf-dir"))
         pools = []
         for name in stages:
             config = ctx.config(stage=name, reranker="none", pool_size=pool_size,
