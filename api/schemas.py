@@ -6,10 +6,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from evidentia.config import STAGES
 from evidentia.reranker.registry import reranker_names
 
 Status = Literal["queued", "indexing", "ready", "failed"]
-Stage = Literal["bm25", "dense", "hybrid"]  # evidentia.config.STAGES
+Stage = Literal[STAGES]  # the same tuple the engine checks; a Literal so OpenAPI lists the values
 
 
 class ErrorDetail(BaseModel):
@@ -32,10 +33,17 @@ class DocumentAccepted(BaseModel):
     status: Status = Field(..., examples=["queued"])
 
 
+class IndexingProgress(BaseModel):
+    pages_done: int = Field(..., description="Pages read and embedded so far.")
+    pages_total: int = Field(..., description="Pages in the document.")
+
+
 class DocumentOut(BaseModel):
     document_id: str
     status: Status
     reason: str | None = Field(None, description="Why indexing failed (status `failed`), else null.")
+    progress: IndexingProgress | None = Field(None, description="While `indexing`: pages done of the document's "
+                                              "pages (null before its pages are counted, and otherwise).")
     filename: str = Field(..., description="Name of the uploaded file.")
     size_bytes: int
     pages: int | None = Field(None, description="Page count, once indexed.")
@@ -100,11 +108,12 @@ class ValidateResponse(BaseModel):
     stage: Stage = Field(..., description="The first stage that built the candidate pool.")
     fallback_reason: str | None = Field(None, description="Set when the reranker failed and the first-stage order "
                                         "was returned instead.")
-    notice: str | None = Field(None, description="Set when the threshold dropped every candidate page: how many "
-                               "were scored, the best probability, and how to lower the threshold.")
     timings_ms: dict[str, float]
     model_version: str | None = Field(None, description="Identifies the classifier model (name@created+data hash); "
                                       "null for other rerankers.")
+    candidates: int = Field(0, description="Pages in the first-stage pool the reranker saw.")
+    note: str | None = Field(None, description="When no page came back: why (no searchable word, no page with "
+                             "the words, every candidate below the threshold) and what to do.")
 
 
 # -- feedback -----------------------------------------------------------------

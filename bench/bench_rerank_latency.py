@@ -20,12 +20,9 @@ import time
 from pathlib import Path
 
 from evidentia.config import Settings
+from evidentia.engine import Engine
 from evidentia.evaluation.queries import load_queries
-from evidentia.indexer.language import LanguageDetector
-from evidentia.pipeline import Pipeline
 from evidentia.reranker.classifier import ClassifierReranker
-from evidentia.retriever.dense import PageEmbedder
-from evidentia.retriever.factory import open_backend
 
 
 def main() -> int:
@@ -41,23 +38,25 @@ def main() -> int:
 
     torch.set_num_threads(args.threads)
     settings = Settings.from_env().with_(data_dir=args.data_dir)
-    backend = open_backend(settings)
-    detector = LanguageDetector()
-    embedder = PageEmbedder.from_settings(settings)
+    engine = Engine(settings)
+    backend = engine.backend
+    embedder = engine.embedder
     t0 = time.perf_counter()
     reranker = ClassifierReranker(args.model, threshold=None, embedder=embedder)
     reranker.extractor.embedder.model  # load the bi-encoder now, not inside the first timing
     load_s = time.perf_counter() - t0
-    first = Pipeline.from_settings(settings, backend, detector, stage=args.stage, embedder=embedder)
     queries = load_queries(args.queries)[: args.n]
-    pools = [(q, first.retrieve(q.question, q.answer, q.doc_ids)) for q in queries]
+    pools = []
+    for q in queries:
+        query = engine.query(q.question, q.answer)
+        pools.append((query, engine.retrieve(query, q.doc_ids, args.stage, 20)))
     timings: dict[str, list[float]] = {"stored_vectors": [], "computed_vectors": []}
     for mode in timings:
         reranker.attach_backend(backend if mode == "stored_vectors" else None)
         for q, pool in pools:
             reranker.extractor._windows.clear()  # no page is already cached
             t = time.perf_counter()
-            reranker.rerank(q.question, q.answer, pool)
+            reranker.rerank(q, pool)
             timings[mode].append(time.perf_counter() - t)
     out = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores", "load_average": os.getloadavg(),

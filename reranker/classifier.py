@@ -16,12 +16,11 @@ Two kinds of model directory (both written by `evidentia train`):
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Sequence
 
 from evidentia.config import Settings
-from evidentia.records import Candidate, RankedPage
+from evidentia.records import Candidate, Query, RankedPage
 from evidentia.reranker.base import Reranker, RerankResult
 from evidentia.reranker.classifier_model import (
     SHIPPED_MODEL_DIR,
@@ -29,23 +28,16 @@ from evidentia.reranker.classifier_model import (
     ModelLoadError,
     ModelMetadata,
     load_trained,
-    resolve_model_dir,
     score_margins,
     set_torch_threads,
 )
-
-
-def filtered_out_note(scored: int, best: float, threshold: float) -> str:
-    """What the user sees when every candidate fell below the threshold."""
-    lower = max(0.0, math.floor(best * 100) / 100)
-    return (f"all {scored} candidate page(s) scored below the threshold {threshold:g} (best probability "
-            f"{best:.3f}); lower the threshold to see them (e.g. {lower:g}: --threshold in the CLI, \"threshold\" "
-            f"in the API, EVIDENTIA_CLASSIFIER_THRESHOLD), or set it to 0 to keep every page with its probability")
+from evidentia.reranker.model_registry import resolve_model_dir
 
 
 class ClassifierReranker(Reranker):
     name = "classifier"
     outputs_probabilities = True
+    computes_locally = True
 
     def __init__(self, model_dir: str | Path | None = None, threshold: float | None = None,
                  batch_size: int = 16, max_length: int | None = None, window_overlap: int | None = None,
@@ -102,6 +94,14 @@ class ClassifierReranker(Reranker):
         )
 
     @property
+    def model_version(self) -> str:
+        """``<model dir>@<created>+<data sha256[:12]>``: which trained model scored."""
+        extra = self.metadata.extra or {}
+        created = extra.get("created") or "unknown"
+        data = str(extra.get("data_sha256") or "")[:12] or "unknown"
+        return f"{self.model_dir.name}@{created}+{data}"
+
+    @property
     def default_threshold(self) -> float | None:
         """The threshold chosen on held-out pools when the model was trained (features models)."""
         if self.kind == "features":
@@ -142,9 +142,10 @@ class ClassifierReranker(Reranker):
     def _page_probabilities(self, question: str, answer: str, pages) -> list[float]:
         return self.feature_model.probabilities(self._features(question, answer, pages)).tolist()
 
-    def rerank(self, question: str, answer: str, candidates: Sequence[Candidate]) -> RerankResult:
+    def rerank(self, query: Query, candidates: Sequence[Candidate]) -> RerankResult:
         if not candidates:
             return RerankResult(pages=[])
+        question, answer = query.question, query.answer
         if self.kind == "features":
             probs = self._page_probabilities(question, answer, [(c.doc_id, c.page, c.text) for c in candidates])
         else:
@@ -155,13 +156,10 @@ class ClassifierReranker(Reranker):
             for c, p in ranked
             if self.threshold is None or p >= self.threshold
         ]
-        info = {"model": str(self.model_dir), "scored": len(candidates)}
-        if not pages and self.threshold is not None:
-            best = max(probs)
-            info["filtered_out"] = {"candidates": len(candidates), "best_probability": round(best, 4),
-                                    "threshold": self.threshold,
-                                    "message": filtered_out_note(len(candidates), best, self.threshold)}
-        return RerankResult(pages=pages, info=info)
+        # the best probability tells the user how far the threshold is from keeping anything
+        return RerankResult(pages=pages, info={"model": str(self.model_dir), "scored": len(candidates),
+                                               "best_probability": max(probs),
+                                               "below_threshold": len(candidates) - len(pages)})
 
 
 def _canonical(model: str) -> str:

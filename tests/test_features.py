@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from evidentia.records import Candidate
+from evidentia.retriever.query import build_query
 from evidentia.reranker.features import (FEATURE_NAMES, FeatureExtractor, TermStatistics, lexical_features,
                                          query_terms, stored_vector_source, term_weight)
 from evidentia.reranker.relevance_model import FeatureModel, FeatureModelError, choose_threshold, fit, out_of_fold
@@ -23,6 +24,7 @@ CAPEX = ("Cash Flows from Investing Activities. Purchases of property, plant and
          "(1,373) (1,420). Capital expenditures totalled $1,577 million in 2018.")
 STAFF = ("Employees. As of December 31, 2018, the Company employed about 93,000 people. Our workforce is "
          "diverse and we invest in training and development.")
+Q = build_query(QUESTION, ANSWER)
 CONTENTS = "Table of contents. Item 1. Business. Item 1A. Risk factors. Item 2. Properties."
 
 
@@ -193,7 +195,7 @@ def _candidates():
 
 def test_features_model_ranks_the_evidence_first(features_reranker):
     assert features_reranker.kind == "features"
-    result = features_reranker.rerank(QUESTION, ANSWER, _candidates())
+    result = features_reranker.rerank(Q, _candidates())
     assert result.pages[0].page == 60
     probs = [p.probability for p in result.pages]
     assert probs == sorted(probs, reverse=True) and all(0 < p < 1 for p in probs)
@@ -202,26 +204,21 @@ def test_features_model_ranks_the_evidence_first(features_reranker):
 def test_probability_is_a_property_of_the_page(features_reranker):
     """Same page, same question: the same probability in any pool, at any place, with any first-stage score."""
     pool = _candidates()
-    full = {p.page: p.probability for p in features_reranker.rerank(QUESTION, ANSWER, pool).pages}
-    alone = features_reranker.rerank(QUESTION, ANSWER, [Candidate("3M", 60, 0.01, CAPEX)]).pages[0].probability
-    moved = {p.page: p.probability for p in features_reranker.rerank(QUESTION, ANSWER, pool[::-1]).pages}
+    full = {p.page: p.probability for p in features_reranker.rerank(Q, pool).pages}
+    alone = features_reranker.rerank(Q, [Candidate("3M", 60, 0.01, CAPEX)]).pages[0].probability
+    moved = {p.page: p.probability for p in features_reranker.rerank(Q, pool[::-1]).pages}
     assert full[60] == pytest.approx(alone, abs=1e-9) == pytest.approx(moved[60], abs=1e-9)
     assert full == pytest.approx(moved, abs=1e-9)
 
 
-def test_threshold_above_every_page_says_so(features_model_dir, embedder):
+def test_threshold_above_every_page_reports_the_best_probability(features_model_dir, embedder):
+    """The engine turns these into its note (how many candidates, the best p, lower the threshold)."""
     from evidentia.reranker.classifier import ClassifierReranker
 
     strict = ClassifierReranker(features_model_dir, threshold=0.999, embedder=embedder)
-    result = strict.rerank(QUESTION, ANSWER, _candidates())
+    result = strict.rerank(Q, _candidates())
     assert result.pages == []
-    note = result.info["filtered_out"]
-    assert note["candidates"] == 3 and 0 < note["best_probability"] < 0.999
-    assert "all 3 candidate page(s)" in note["message"] and "threshold" in note["message"]
-    assert f"{note['best_probability']:.3f}" in note["message"]
-    # a threshold that keeps a page leaves no note
-    assert "filtered_out" not in ClassifierReranker(features_model_dir, threshold=0.0,
-                                                    embedder=embedder).rerank(QUESTION, ANSWER, _candidates()).info
+    assert result.info["below_threshold"] == 3 and 0 < result.info["best_probability"] < 0.999
 
 
 def test_training_chose_a_threshold_and_recorded_out_of_fold_metrics(features_reranker):
@@ -230,25 +227,24 @@ def test_training_chose_a_threshold_and_recorded_out_of_fold_metrics(features_re
     assert features_reranker.default_threshold == metrics["threshold"]["t"]
 
 
-def test_multilingual_pages_are_not_ranked_worse_than_bm25(multilingual_pdf, backend, detector):
+def test_multilingual_pages_are_not_ranked_worse_than_bm25(multilingual_pdf, tmp_path):
     """One question per language page, written in its language from the page; the
     shipped model must rank the page at least as high as BM25 does."""
-    from evidentia.indexer.pipeline import index_paths
-    from evidentia.pipeline import Pipeline
-    from evidentia.reranker.classifier import ClassifierReranker
+    from evidentia.config import Settings
+    from evidentia.engine import Engine
 
-    index_paths([multilingual_pdf.path], backend, detector)
-    reranker = ClassifierReranker(threshold=None)
-    bm25 = Pipeline(backend, detector)
-    reranked = Pipeline(backend, detector, reranker)
+    engine = Engine(Settings(data_dir=tmp_path / "data", dense=False))
+    engine.index_paths([multilingual_pdf.path], progress=False)
+    bm25 = engine.config(stage="bm25", reranker="none")
+    reranked = engine.config(stage="bm25", reranker="classifier", threshold=0.0)
     worse = []
     for page_no, text in enumerate(multilingual_pdf.pages, start=1):
         if not text:
             continue
         heading, _, body = text.partition("\n\n")
         answer = " ".join(body.split(". ")[1].split()[:10])  # the page's second sentence, cut
-        first = [p.page for p in bm25.run(heading, answer, [multilingual_pdf.doc_id]).pages]
-        second = [p.page for p in reranked.run(heading, answer, [multilingual_pdf.doc_id]).pages]
+        first = [p.page for p in engine.search(heading, answer, [multilingual_pdf.doc_id], bm25).pages]
+        second = [p.page for p in engine.search(heading, answer, [multilingual_pdf.doc_id], reranked).pages]
         if second.index(page_no) > first.index(page_no):
             worse.append((page_no, first.index(page_no), second.index(page_no)))
     assert not worse, worse
