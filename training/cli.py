@@ -20,7 +20,9 @@ def dataset_command(
     pdf_dir: Optional[Path] = typer.Option(None, "--pdf-dir", help="PDFs of the queries' documents, indexed if missing."),
     climretrieve: Optional[Path] = typer.Option(None, "--climretrieve",
                                                 help="Folder with ClimRetrieve's passages.jsonl."),
-    negatives: int = typer.Option(8, "--negatives", help="BM25 hard negatives per query."),
+    negatives: int = typer.Option(8, "--negatives", help="Hard negatives per query (from the --stage pool)."),
+    stage: str = typer.Option("bm25", "--stage", help="First stage whose pool gives the negatives: bm25, dense "
+                              "or hybrid (the stage the reranker will sit behind)."),
     holdout_fraction: float = typer.Option(0.0, "--holdout-fraction",
                                            help="Share of groups (see --split-by) whose queries are held out."),
     split_by: str = typer.Option("company", "--split-by",
@@ -31,6 +33,7 @@ def dataset_command(
 ):
     """Build classifier training records: relevant pages and BM25 hard negatives from labelled
     queries, and ClimRetrieve passages. Held-out queries never contribute a record."""
+    from evidentia.config import STAGES
     from evidentia.console import EXIT_BAD_INPUT, Context, fail
     from evidentia.evaluation.queries import QueriesFileError, load_queries
     from evidentia.evaluation.runner import all_doc_ids
@@ -63,8 +66,10 @@ def dataset_command(
                        err=True)
             qs = train_qs
         ctx.require_documents(all_doc_ids(qs), [pdf_dir] if pdf_dir else [], _missing_message("--pdf-dir"))
+        if stage not in STAGES:
+            raise fail(f"--stage must be one of {', '.join(STAGES)}")
         records.extend(records_from_queries(qs, ctx.engine, negatives_per_query=negatives,
-                                            pool_size=ctx.settings.pool_size))
+                                            pool_size=ctx.settings.pool_size, stage=stage))
     if climretrieve is not None:
         try:
             records.extend(records_from_climretrieve(climretrieve / "passages.jsonl", seed=seed))
