@@ -83,7 +83,7 @@ def missing_documents(queries: Sequence[EvalQuery], backend: SearchBackend) -> l
 
 
 def index_missing(queries: Sequence[EvalQuery], backend: SearchBackend, detector: LanguageDetector,
-                  pdf_dir: Path, progress: bool = True, embedder=None):
+                  pdf_dir: Path, progress: bool = True, embedder=None, ocr=None):
     """Index the PDFs of ``pdf_dir`` (searched recursively) whose stem is a doc id of
     the queries that the backend does not hold yet (with page embeddings when an
     ``embedder`` is given). Returns the IndexSummary, or None when nothing needed indexing."""
@@ -99,7 +99,8 @@ def index_missing(queries: Sequence[EvalQuery], backend: SearchBackend, detector
             chosen.setdefault(path.stem, path)
     if not chosen:
         return None
-    return index_paths_with_progress(list(chosen.values()), backend, detector, embedder=embedder, show=progress)
+    return index_paths_with_progress(list(chosen.values()), backend, detector, embedder=embedder, show=progress,
+                                     ocr=ocr)
 
 
 # --------------------------------------------------------------------------- runs

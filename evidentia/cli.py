@@ -35,6 +35,7 @@ class Context:
         self._backend = None
         self._detector = None
         self._embedder = None
+        self._ocr = None
 
     @property
     def backend(self):
@@ -71,6 +72,15 @@ class Context:
         return self._embedder
 
     @property
+    def ocr(self):
+        """The OCR engine for indexing (EVIDENTIA_OCR*), Tesseract probed once."""
+        if self._ocr is None:
+            from evidentia.indexer.ocr import OcrEngine
+
+            self._ocr = OcrEngine.from_settings(self.settings)
+        return self._ocr
+
+    @property
     def indexing_embedder(self):
         """The embedder used while indexing, None with EVIDENTIA_DENSE=off."""
         return self.embedder if self.settings.dense else None
@@ -82,7 +92,7 @@ def index_missing_documents(ctx: Context, queries, folder: Path) -> None:
     summary line go to stderr."""
     from evidentia.evaluation.runner import index_missing
 
-    summary = index_missing(queries, ctx.backend, ctx.detector, folder, embedder=ctx.indexing_embedder)
+    summary = index_missing(queries, ctx.backend, ctx.detector, folder, embedder=ctx.indexing_embedder, ocr=ctx.ocr)
     if summary is not None:
         for failure in summary.failures:
             typer.echo(f"error: {failure.reason}", err=True)
@@ -100,12 +110,12 @@ def _index(ctx: Context, paths: list[Path]) -> int:
             embedder.dim  # load the model now: a bad EVIDENTIA_DENSE_MODEL fails before any work
         except EmbeddingError as exc:
             raise fail(f"{exc} (EVIDENTIA_DENSE=off indexes without embeddings)")
-    summary = index_paths_with_progress(paths, ctx.backend, ctx.detector, embedder=embedder)
+    summary = index_paths_with_progress(paths, ctx.backend, ctx.detector, embedder=embedder, ocr=ctx.ocr)
     for failure in summary.failures:
         typer.echo(f"error: {failure.reason}", err=True)
-    cost = summary.embedding_line()
-    if cost:
-        typer.echo(cost, err=True)
+    for cost in (summary.ocr_line(), summary.embedding_line()):
+        if cost:
+            typer.echo(cost, err=True)
     typer.echo(summary.line())
     return EXIT_BAD_INPUT if summary.failures else 0
 
@@ -191,7 +201,8 @@ def docs(as_json: bool = typer.Option(False, "--json")):
     infos = ctx.backend.list_documents()
     if as_json:
         typer.echo(json.dumps({"documents": [
-            {"doc_id": d.doc_id, "pages": d.pages, "empty_pages": d.empty_pages, "languages": d.languages}
+            {"doc_id": d.doc_id, "pages": d.pages, "empty_pages": d.empty_pages, "languages": d.languages,
+             "ocr_pages": d.ocr_pages, "unread_pages": d.unread_pages, "ocr_confidence": d.ocr_confidence}
             for d in infos
         ]}))
         return
@@ -199,7 +210,8 @@ def docs(as_json: bool = typer.Option(False, "--json")):
         typer.echo("no document indexed")
     for d in infos:
         langs = ", ".join(f"{k}:{v}" for k, v in d.languages.items()) or "-"
-        typer.echo(f"{d.doc_id}\t{d.pages} pages\t{d.empty_pages} empty\t{langs}")
+        ocr = f"{d.ocr_pages} OCR (conf {d.ocr_confidence:.0f})" if d.ocr_confidence is not None else f"{d.ocr_pages} OCR"
+        typer.echo(f"{d.doc_id}\t{d.pages} pages\t{d.empty_pages} empty\t{ocr}\t{d.unread_pages} unread\t{langs}")
 
 
 @app.command()

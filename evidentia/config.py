@@ -7,6 +7,7 @@ explicitly; nothing below reads the environment on its own.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping
@@ -14,6 +15,7 @@ from typing import Mapping
 BACKENDS = ("embedded", "elasticsearch")
 # First stages: how the candidate pool handed to the reranker is retrieved.
 STAGES = ("bm25", "dense", "hybrid")
+OCR_MODES = ("on", "off", "force")
 
 
 class ConfigError(ValueError):
@@ -78,6 +80,14 @@ class Settings:
     rrf_k: int = 60
     hybrid_weights: tuple[float, float] = (1.0, 1.0)  # (bm25, dense)
     hybrid_depth: int = 2  # each stage retrieves pool_size * hybrid_depth pages before fusion
+    # OCR of pages without a usable text layer (indexer/ocr.py): on (where Tesseract
+    # is installed; pages stay unread and counted where it is not), off, or force (every page).
+    ocr: str = "on"
+    ocr_languages: str = "eng+fra+deu+spa+ita+por+nld"  # Tesseract's -l when a page's language is unknown
+    ocr_dpi: int = 300
+    ocr_timeout_s: float = 60.0  # per page; a page over it stays unread
+    tesseract: str = "tesseract"  # the command (a name on PATH or a path)
+    tessdata: str | None = None  # Tesseract's language data folder; None: its own default / TESSDATA_PREFIX
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -133,6 +143,15 @@ class Settings:
             rrf_k=_positive_int(env, "EVIDENTIA_RRF_K", defaults.rrf_k),
             hybrid_weights=_weights(env, "EVIDENTIA_HYBRID_WEIGHTS", defaults.hybrid_weights),
             hybrid_depth=_positive_int(env, "EVIDENTIA_HYBRID_DEPTH", defaults.hybrid_depth),
+            ocr=_ocr_mode(env, "EVIDENTIA_OCR", defaults.ocr),
+            ocr_languages=_parsed(env, "EVIDENTIA_OCR_LANGUAGES", defaults.ocr_languages, str,
+                                  lambda v: re.fullmatch(r"[A-Za-z_]+(\+[A-Za-z_]+)*", v) is not None,
+                                  "Tesseract language names joined by +, e.g. eng+fra+deu"),
+            ocr_dpi=_parsed(env, "EVIDENTIA_OCR_DPI", defaults.ocr_dpi, int, lambda v: 72 <= v <= 600,
+                            "a resolution between 72 and 600"),
+            ocr_timeout_s=_positive_float(env, "EVIDENTIA_OCR_TIMEOUT_S", defaults.ocr_timeout_s),
+            tesseract=env.get("EVIDENTIA_TESSERACT") or defaults.tesseract,
+            tessdata=env.get("EVIDENTIA_TESSDATA") or None,
         )
 
     def with_(self, **changes) -> "Settings":
@@ -176,6 +195,15 @@ def _switch(env: Mapping[str, str], name: str, default: bool) -> bool:
     if raw in ("off", "0", "false", "no"):
         return False
     raise ConfigError(f"{name} must be on or off, not {raw!r}")
+
+
+def _ocr_mode(env: Mapping[str, str], name: str, default: str) -> str:
+    raw = (env.get(name) or "").strip().lower()
+    if raw in ("1", "true", "yes"):
+        return "on"
+    if raw in ("0", "false", "no"):
+        return "off"
+    return _choice(env, name, default, OCR_MODES)
 
 
 def _weights(env: Mapping[str, str], name: str, default: tuple[float, float]) -> tuple[float, float]:
