@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from evidentia.indexer.pdf import PdfError, extract_pages
-from evidentia.indexer.pipeline import embed_document
+from evidentia.indexer.pipeline import embed_document, unread_reason
 from evidentia.retriever.base import BackendError
 
 if TYPE_CHECKING:
@@ -114,7 +114,8 @@ class IndexingWorker:
             return
         t0 = time.perf_counter()
         try:
-            document = extract_pages(Path(row.file_path), internal_id(tenant, document_id), services.index_detector)
+            document = extract_pages(Path(row.file_path), internal_id(tenant, document_id), services.index_detector,
+                                     ocr=services.ocr)
         except PdfError as exc:
             self._fail(tenant, document_id, generation, str(exc))
             return
@@ -148,7 +149,8 @@ class IndexingWorker:
                     reason = str(exc)
                 else:
                     store.set_status(tenant, document_id, generation, "ready", pages=document.page_count,
-                                     empty_pages=document.empty_pages, languages=document.languages)
+                                     empty_pages=document.empty_pages, languages=document.languages,
+                                     ocr=ocr_stats(document))
                     services.metrics.indexed.labels("ready").inc()
                     services.metrics.indexed_pages.inc(document.page_count)
                     services.metrics.indexing_seconds.observe(time.perf_counter() - t0)
@@ -157,3 +159,12 @@ class IndexingWorker:
             if self._stop.wait(2.0 ** attempt):
                 return  # shutting down: stays 'indexing', re-queued at the next start
         self._fail(tenant, document_id, generation, f"search engine error: {reason}; upload the file again")
+
+
+def ocr_stats(document) -> dict:
+    """What the document row keeps of how its pages were read (see indexer/ocr.py)."""
+    stats: dict = {"ocr_pages": document.ocr_pages, "unread_pages": document.unread_pages,
+                   "ocr_confidence": document.ocr_confidence, "ocr_seconds": round(document.ocr_seconds, 2)}
+    if document.unread_pages:
+        stats["unread_reason"] = unread_reason(document.ocr_problem)
+    return stats

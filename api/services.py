@@ -173,6 +173,15 @@ class SharedEmbedder(PageEmbedder):
             return super()._encode(texts, role)
 
 
+def probe_ocr(settings: Settings):
+    from evidentia.indexer.ocr import OcrEngine
+
+    engine = OcrEngine.from_settings(settings)
+    if settings.ocr != "off" and not engine.available:
+        log.warning("OCR unavailable, scanned pages will be indexed unread: %s", engine.problem)
+    return engine
+
+
 class Services:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -185,6 +194,7 @@ class Services:
         self.backend: SearchBackend | None = None
         self.detector = None  # LanguageDetector for queries
         self.index_detector = None  # ... and for the indexing thread
+        self.ocr = None  # OcrEngine for uploads (EVIDENTIA_OCR*), Tesseract probed at start
         self.worker = IndexingWorker(self)
         self.checks: dict[str, str] = {"store": "not open", "index": "not open",
                                        f"reranker:{settings.default_reranker}": "not loaded"}
@@ -242,6 +252,7 @@ class Services:
         # langdetect Detector (with its own seeded Random), so threads can share it
         self.detector = LanguageDetector(probe_chars=self.settings.language_probe_chars)
         self.index_detector = self.detector
+        self.ocr = probe_ocr(self.settings)
         self.worker.start()
         self._warmup = threading.Thread(target=self._warm, name="evidentia-warmup", daemon=True)
         self._warmup.start()

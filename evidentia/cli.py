@@ -210,8 +210,11 @@ def docs(as_json: bool = typer.Option(False, "--json")):
         typer.echo("no document indexed")
     for d in infos:
         langs = ", ".join(f"{k}:{v}" for k, v in d.languages.items()) or "-"
-        ocr = f"{d.ocr_pages} OCR (conf {d.ocr_confidence:.0f})" if d.ocr_confidence is not None else f"{d.ocr_pages} OCR"
-        typer.echo(f"{d.doc_id}\t{d.pages} pages\t{d.empty_pages} empty\t{ocr}\t{d.unread_pages} unread\t{langs}")
+        line = f"{d.doc_id}\t{d.pages} pages\t{d.empty_pages} empty\t{langs}"
+        if d.ocr_pages or d.unread_pages:  # scans: how many were read, and how well
+            conf = f" (confidence {d.ocr_confidence:.0f})" if d.ocr_confidence is not None else ""
+            line += f"\t{d.ocr_pages} OCR{conf}\t{d.unread_pages} unread"
+        typer.echo(line)
 
 
 @app.command()
