@@ -370,3 +370,27 @@ def test_api_says_why_scans_were_not_read(tmp_path):
         assert "apt-get install tesseract-ocr" in doc["unread_reason"]
         page = client.get("/v1/documents/certificate/pages/1", headers=headers).json()
         assert page["text_source"] == "unread" and page["text"] == ""
+
+
+def test_store_of_schema_1_gains_the_ocr_column(tmp_path):
+    import sqlite3
+
+    from evidentia.api.store import Store
+
+    path = tmp_path / "store.sqlite"
+    store = Store(path)
+    store.create_key("acme")
+    store.put_document("acme", "old", "old.pdf", 10, "/x/old.pdf", "g1")
+    store.set_status("acme", "old", "g1", "ready", pages=2, empty_pages=1, languages={"en": 1})
+    store.close()
+    with sqlite3.connect(path) as conn:  # as a store written before OCR: no ocr column, version 1
+        conn.execute("ALTER TABLE documents DROP COLUMN ocr")
+        conn.execute("PRAGMA user_version=1")
+    reopened = Store(path)
+    row = reopened.get_document("acme", "old")
+    assert (row.status, row.pages, row.ocr) == ("ready", 2, {})
+    reopened.set_status("acme", "old", "g1", "ready", pages=2, empty_pages=1, ocr={"ocr_pages": 1})
+    assert reopened.get_document("acme", "old").ocr == {"ocr_pages": 1}
+    reopened.close()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
