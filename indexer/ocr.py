@@ -31,7 +31,7 @@ import re
 import shutil
 import subprocess
 import time
-import unicodedata
+from itertools import islice
 from dataclasses import dataclass, field
 
 import pymupdf
@@ -148,19 +148,24 @@ def _replace(engine: OcrEngine, **changes) -> OcrEngine:
 
 # -- is the text layer usable? --------------------------------------------------
 
-_JUNK_CATEGORIES = {"Co", "Cn", "Cs", "Cc"}
-_WORD = re.compile(r"[^\W\d_]+")
-_LATIN_VOWELS = set("aeiouyàáâãäåæèéêëìíîïòóôõöøùúûüýÿœ")
+# Code points no real text holds: the replacement character, private-use glyph
+# codes (fonts without a Unicode map), C0/C1 controls other than whitespace.
+_JUNK = re.compile("[\ufffd\ue000-\uf8ff\U000f0000-\U0010ffff\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+_LETTER = re.compile(r"[^\W\d_]")
+# Words of 2+ Latin letters; of those, words of consonants only; and case
+# switches inside words ("tHqZ"). Counted by the regex engine: a Python loop over
+# a page's words would cost about as much as extracting the page.
+_LATIN_WORD = re.compile(r"\b[A-Za-z\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u024f]{2,}\b")
+_CONSONANT_WORD = re.compile(r"\b[b-df-hj-np-tv-xzB-DF-HJ-NP-TV-XZ\u00c7\u00d1\u00df\u00e7\u00f1]{2,}\b")
+_CASE_SWITCH = re.compile(r"[a-z][A-Z]")
+# the checks look at the start of the page only: junk is uniform
+GARBAGE_SAMPLE_CHARS = 2000
 
 
 def junk_share(text: str) -> float:
-    """Share of the visible characters that no real text contains: replacement
-    characters, private-use glyph codes, controls, unassigned code points."""
-    chars = [c for c in text if not c.isspace()]
-    if not chars:
-        return 0.0
-    junk = sum(1 for c in chars if c == "\ufffd" or unicodedata.category(c) in _JUNK_CATEGORIES)
-    return junk / len(chars)
+    """Share of the visible characters that no real text contains."""
+    visible = sum(map(len, text.split()))
+    return len(_JUNK.findall(text)) / visible if visible else 0.0
 
 
 def is_garbage(text: str) -> bool:
@@ -169,32 +174,28 @@ def is_garbage(text: str) -> bool:
     loses its text layer: text in any script passes, and so do tables of figures.
 
     - more than a quarter of the visible characters are junk code points, or
-    - among at least 20 Latin-script words of 2+ letters, fewer than 60% hold a
-      vowel (real text in any Latin-script language: over 90%), or more than
-      half switch case inside the word ("tHqZ").
+    - among at least 20 Latin-script words of 2+ letters, over 40% have no vowel
+      (real text in any Latin-script language: under 10%, mostly abbreviations),
+      or there are more case switches inside words ("tHqZ") than half the words
+      (real text: "iPhone", "McDonald", a few in a hundred words).
     """
-    if junk_share(text) > 0.25:
+    sample = text[:GARBAGE_SAMPLE_CHARS]
+    if junk_share(sample) > 0.25:
         return True
-    words = [w for w in _WORD.findall(text) if len(w) >= 2 and all(_is_latin(c) for c in w)]
-    if len(words) < 20:
+    words = len(_LATIN_WORD.findall(sample))
+    if words < 20:
         return False
-    with_vowel = sum(1 for w in words if any(c in _LATIN_VOWELS for c in w.lower()))
-    mixed = sum(1 for w in words if _mixed_case(w))
-    return with_vowel < 0.6 * len(words) or mixed > 0.5 * len(words)
-
-
-def _is_latin(c: str) -> bool:
-    return c.isascii() or "LATIN" in unicodedata.name(c, "")
-
-
-def _mixed_case(word: str) -> bool:
-    # a capital after a lower-case letter: "tHqZ" but not "iPhone"-style single humps
-    humps = sum(1 for a, b in zip(word, word[1:]) if a.islower() and b.isupper())
-    return humps >= 2 or (humps == 1 and len(word) <= 4)
+    return (len(_CONSONANT_WORD.findall(sample)) > 0.4 * words
+            or len(_CASE_SWITCH.findall(sample)) > 0.5 * words)
 
 
 def letters(text: str) -> int:
-    return sum(1 for c in text if c.isalpha())
+    return len(_LETTER.findall(text))
+
+
+def has_letters(text: str, n: int) -> bool:
+    """At least ``n`` letters (stops counting there: cheap on long pages)."""
+    return sum(1 for _ in islice(_LETTER.finditer(text), n)) >= n
 
 
 def looks_scanned(page: pymupdf.Page, text_layer: str) -> bool:
@@ -220,7 +221,7 @@ def needs_ocr(page: pymupdf.Page, text_layer: str) -> bool:
     """No usable text layer: junk, or too little text on a page that looks scanned."""
     if is_garbage(text_layer):
         return True
-    if letters(text_layer) >= SHORT_TEXT_LETTERS:
+    if has_letters(text_layer, SHORT_TEXT_LETTERS):
         return False
     return looks_scanned(page, text_layer) if text_layer.strip() else shows_anything(page)
 

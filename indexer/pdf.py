@@ -9,8 +9,8 @@ from typing import Callable
 import pymupdf
 
 from evidentia.indexer.language import CONFIDENT, LanguageDetector
-from evidentia.indexer.ocr import (NONE, OCR, SHORT_TEXT_LETTERS, TEXT, UNREAD, OcrEngine, PageText, is_garbage,
-                                   letters, read_page)
+from evidentia.indexer.ocr import (NONE, OCR, SHORT_TEXT_LETTERS, TEXT, UNREAD, OcrEngine, PageText, has_letters,
+                                   is_garbage, read_page)
 from evidentia.records import Document, Page
 from evidentia.text import clean_text
 
@@ -68,7 +68,7 @@ def extract_pages(path: Path, doc_id: str, detector: LanguageDetector, ocr: OcrE
         results: list[PageText | None] = [None] * doc.page_count
         for index, layer in enumerate(raw_layers):
             # plenty of real text: settled without looking at the page's drawings
-            if engine.mode != "force" and letters(layer) >= SHORT_TEXT_LETTERS and not is_garbage(layer):
+            if engine.mode != "force" and has_letters(layer, SHORT_TEXT_LETTERS) and not is_garbage(layer):
                 results[index] = PageText(layer, TEXT)
         # The document prior: the language of its readable pages guides the OCR of
         # the others; a document with none takes the first confident OCR'd page's.

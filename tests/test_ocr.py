@@ -253,6 +253,7 @@ def test_cli_without_tesseract_prints_the_hint(tmp_path, monkeypatch):
     "Spółka prowadzi działalność w zakresie produkcji przewodów miedzianych zgodnie z normą " * 3,  # Polish
     "公司的环境管理体系符合标准的要求。温室气体排放每年测量一次。" * 5,  # Chinese
     "", "12 13 14",
+    "The TCFD and GHG Protocol guide our CDP answer; LinkedIn, iPhone and McDonald's are brands we cite. " * 3,
 ])
 def test_real_text_is_not_garbage(text):
     assert not is_garbage(text)
