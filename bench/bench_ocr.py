@@ -49,7 +49,7 @@ from pathlib import Path
 import pymupdf
 
 from evidentia.evaluation import metrics
-from evidentia.indexer.language import LanguageDetector
+from evidentia.language import LanguageDetector
 from evidentia.indexer.ocr import DEFAULT_LANGUAGES, OcrEngine, ocr_page, render
 from evidentia.indexer.pdf import extract_pages
 from evidentia.retriever.query import build_query

@@ -8,9 +8,9 @@ from typing import Callable
 
 import pymupdf
 
-from evidentia.indexer.language import CONFIDENT, LanguageDetector
 from evidentia.indexer.ocr import (NONE, OCR, SHORT_TEXT_LETTERS, TEXT, UNREAD, OcrEngine, PageText, has_letters,
                                    is_garbage, read_page)
+from evidentia.language import CONFIDENT, LanguageDetector
 from evidentia.records import Document, Page
 from evidentia.text import clean_text
 

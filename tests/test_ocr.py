@@ -16,10 +16,10 @@ from typer.testing import CliRunner
 
 from evidentia.config import ConfigError, Settings
 from evidentia.indexer import ocr as ocr_mod
-from evidentia.indexer.language import LanguageDetector
+from evidentia.language import LanguageDetector
 from evidentia.indexer.ocr import OcrEngine, is_garbage, parse_tsv, read_page
 from evidentia.indexer.pdf import extract_pages
-from evidentia.indexer.pipeline import embed_document, index_paths
+from evidentia.indexing import embed_document, index_paths
 from evidentia.records import Document, Page
 from evidentia.retriever import elasticsearch_backend as esb
 from evidentia.retriever.tantivy_backend import TantivyBackend
@@ -200,7 +200,8 @@ def test_cli_index_reports_ocr_and_docs_counts(tmp_path, three_languages, monkey
     assert result.exit_code == 0, result.output
     assert re.search(r"OCR: 3 page\(s\) read in [\d.]+ s", result.stderr)
     docs = runner.invoke(app, ["docs"]).stdout.strip()
-    assert re.fullmatch(r"certificates\t3 pages\t0 empty\ten:1, fr:1, de:1\t3 OCR \(confidence \d+\)\t0 unread", docs)
+    assert docs.splitlines()[0].endswith("\tOCR pages (confidence)\tunread scans")
+    assert re.fullmatch(r"default\tcertificates\t3\t0\ten:1, fr:1, de:1\t3 \(\d+\)\t0", docs.splitlines()[1])
     listed = json.loads(runner.invoke(app, ["docs", "--json"]).stdout)["documents"][0]
     assert listed["ocr_pages"] == 3 and listed["unread_pages"] == 0 and listed["ocr_confidence"] > 75
 
@@ -243,7 +244,9 @@ def test_cli_without_tesseract_prints_the_hint(tmp_path, monkeypatch):
     result = CliRunner().invoke(app, ["index", str(path)])
     assert result.exit_code == 0, result.output
     assert "1 page(s) not read" in result.stderr and "apt-get install tesseract-ocr" in result.stderr
-    assert CliRunner().invoke(app, ["docs"]).stdout.strip() == "scan\t1 pages\t1 empty\t-\t0 OCR\t1 unread"
+    listed = CliRunner().invoke(app, ["docs"])
+    assert listed.stdout.strip().splitlines()[1] == "default\tscan\t1\t1\t-\t0\t1"
+    assert "unread scans: pages that show a scan but were not read" in listed.stderr
 
 
 # -- pieces -----------------------------------------------------------------------------
@@ -376,7 +379,7 @@ def test_api_says_why_scans_were_not_read(tmp_path):
 def test_store_of_schema_1_gains_the_ocr_column(tmp_path):
     import sqlite3
 
-    from evidentia.api.store import Store
+    from evidentia.store import Store
 
     path = tmp_path / "store.sqlite"
     store = Store(path)

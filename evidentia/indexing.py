@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
-from evidentia.indexer.language import LanguageDetector
+from evidentia.language import LanguageDetector
 from evidentia.indexer.ocr import INSTALL_HINT, OcrEngine, PageText
 from evidentia.indexer.pdf import PdfError, extract_pages
 from evidentia.records import Document
@@ -30,6 +30,7 @@ class IndexSummary:
     empty_pages: int = 0
     failures: list[IndexFailure] = field(default_factory=list)
     doc_ids: list[str] = field(default_factory=list)
+    sources: dict[str, Path] = field(default_factory=dict)  # doc id -> the file it was indexed from
     embedded_pages: int = 0  # pages run through the embedding model (0 with EVIDENTIA_DENSE=off)
     embed_seconds: float = 0.0  # time spent embedding, included in seconds
     seconds: float = 0.0  # the whole run: extraction, OCR, embedding, writing
@@ -123,6 +124,7 @@ def index_paths(
     on_embedded: Callable[[int], None] | None = None,
     ocr: OcrEngine | None = None,
     on_ocr_page: Callable[[PageText], None] | None = None,
+    doc_id_of: Callable[[Path], str] = lambda path: path.stem,
 ) -> IndexSummary:
     """Index every PDF under ``paths``; bad files are recorded, the rest still indexed.
     ``on_document(path, pages)`` is called after each file (pages = 0 on failure).
@@ -141,13 +143,14 @@ def index_paths(
         # receives whole documents and the rest of the batch goes on.
         for path in files:
             pages = 0
-            if path.stem in indexed_from:
+            doc_id = doc_id_of(path)
+            if doc_id in indexed_from:
                 summary.failures.append(IndexFailure(str(path), (
-                    f"{path}: document id {path.stem!r} already indexed from {indexed_from[path.stem]} "
+                    f"{path}: document id {path.stem!r} already indexed from {indexed_from[doc_id]} "
                     f"in this run (rename one of the files)")))
             else:
                 try:
-                    document = extract_pages(Path(path), path.stem, detector, ocr=ocr, on_ocr_page=on_ocr_page)
+                    document = extract_pages(Path(path), doc_id, detector, ocr=ocr, on_ocr_page=on_ocr_page)
                 except PdfError as exc:
                     summary.failures.append(IndexFailure(str(path), str(exc)))
                 else:
@@ -157,6 +160,7 @@ def index_paths(
                         summary.embed_seconds += time.perf_counter() - t0
                         summary.embedded_pages += document.page_count
                     summary.add_document(document)
+                    summary.sources[document.doc_id] = Path(path)
                     indexed_from[document.doc_id] = path
                     pages = document.page_count
                     yield document
@@ -172,40 +176,38 @@ def index_paths(
 
 def index_paths_with_progress(paths: Sequence[Path], backend: SearchBackend, detector: LanguageDetector,
                               embedder: "PageEmbedder | None" = None, show: bool = True,
-                              ocr: OcrEngine | None = None) -> IndexSummary:
-    """``index_paths`` behind a progress bar on stderr: documents, pages indexed,
-    pages OCR'd and pages embedded (OCR and embedding are the slow parts on a CPU)."""
-    import sys
-
-    from tqdm import tqdm
+                              doc_id_of: Callable[[Path], str] = lambda path: path.stem,
+                              every_s: float = 10.0, ocr: OcrEngine | None = None) -> IndexSummary:
+    """``index_paths`` with its progress on stderr (a bar on a terminal, a line every
+    ``every_s`` seconds otherwise): documents, pages indexed, pages OCR'd and pages
+    embedded (OCR and embedding are the slow parts on a CPU)."""
+    from evidentia.progress import Progress
 
     files, _ = find_pdfs(paths)
-    with tqdm(total=len(files), unit="doc", desc="indexing", file=sys.stderr,
-              disable=None if show else True) as bar:
+    with Progress(len(files), "indexing", "documents", show=show, every_s=every_s) as bar:
         pages_done = embedded = ocr_done = 0
         ocr_seconds = 0.0
 
-        def refresh(now: bool) -> None:
+        def refresh() -> None:
             ocr_part = f", {ocr_done} OCR'd ({ocr_seconds / ocr_done:.1f} s/page)" if ocr_done else ""
-            bar.set_postfix_str(f"{pages_done} pages{ocr_part}" + (f", {embedded} embedded" if embedder else ""),
-                                refresh=now)
+            bar.note(f"{pages_done} pages{ocr_part}" + (f", {embedded} embedded" if embedder else ""))
 
         def on_ocr_page(read: PageText) -> None:
             nonlocal ocr_done, ocr_seconds
             ocr_done += 1
             ocr_seconds += read.seconds
-            refresh(True)
+            refresh()
 
         def on_document(path: Path, pages: int) -> None:
             nonlocal pages_done
             pages_done += pages
-            refresh(False)
             bar.update(1)
+            refresh()
 
         def on_embedded(pages: int) -> None:
             nonlocal embedded
             embedded += pages
-            refresh(True)
+            refresh()
 
         return index_paths(paths, backend, detector, on_document=on_document, embedder=embedder,
-                           on_embedded=on_embedded, ocr=ocr, on_ocr_page=on_ocr_page)
+                           on_embedded=on_embedded, ocr=ocr, on_ocr_page=on_ocr_page, doc_id_of=doc_id_of)
