@@ -146,27 +146,69 @@ def compare_engines(pages: list[tuple[Path, int]], dpi: int, tessdata: str | Non
             cli_text, conf, cli_s = ocr_page(page, engine, "eng")
         m1, r1, _ = word_scores(original, mu_text)
         m2, r2, _ = word_scores(original, cli_text)
-        rows.append({"page": f"{path.stem} p.{page_no}", "pymupdf_s": round(mu_s, 2),
+        rows.append({"page": path.stem, "pymupdf_s": round(mu_s, 2),
                      "pymupdf_acc": round(m1 / max(1, r1), 3), "cli_s": round(cli_s, 2),
                      "cli_acc": round(m2 / max(1, r2), 3), "cli_conf": conf})
     return rows
 
 
-def language_cost(pages: list[tuple[Path, int]], dpi: int, tessdata: str | None) -> list[dict]:
+def language_cost(pages: list[tuple[Path, int, str]], dpi: int, tessdata: str | None,
+                  rounds: int = 2) -> list[dict]:
+    """Seconds per page and word accuracy of each -l choice, per page language.
+    The choices take turns on each page, ``rounds`` times, so that a change of
+    machine load hits them alike."""
     engine = OcrEngine.probe(dpi=dpi, tessdata=tessdata)
-    rows = []
-    for langs in ("eng", "eng+fra+deu", DEFAULT_LANGUAGES):
-        seconds = matched = total = 0.0
-        for path, page_no in pages:
-            with pymupdf.open(path) as doc:
-                text, _, s = ocr_page(doc.load_page(page_no - 1), engine, langs)
-            m, r, _ = word_scores(_original_text(path, page_no), text)
-            seconds += s
-            matched += m
-            total += r
-        rows.append({"languages": langs, "s_per_page": round(seconds / len(pages), 2),
-                     "word_acc": round(matched / max(1, total), 3)})
-    return rows
+    own = {"en": "eng", "fr": "fra", "de": "deu"}
+    stats: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0])
+    for _ in range(rounds):
+        for path, page_no, lang in pages:
+            reference = _original_text(path, page_no)
+            for label, langs in (("page's own", own[lang]), ("eng", "eng"), ("eng+fra+deu", "eng+fra+deu"),
+                                 ("all 7", DEFAULT_LANGUAGES)):
+                with pymupdf.open(path) as doc:
+                    text, _, s = ocr_page(doc.load_page(page_no - 1), engine, langs)
+                m, r, _ = word_scores(reference, text)
+                row = stats[(lang, label)]
+                row[0] += s
+                row[1] += m
+                row[2] += r
+                row[3] += 1
+    return [{"page_language": lang, "languages": label, "s_per_page": round(v[0] / v[3], 2),
+             "word_acc": round(v[1] / max(1, v[2]), 3), "runs": v[3]} for (lang, label), v in stats.items()]
+
+
+FOREIGN = {
+    "fr": ("Politique environnementale du groupe. Notre entreprise s'engage à réduire ses émissions de gaz à effet "
+           "de serre de quarante pour cent d'ici deux mille trente par rapport à l'année de référence. Chaque site "
+           "de production dispose d'un système de management environnemental certifié selon la norme ISO 14001. "
+           "Les fournisseurs signent notre code de conduite, qui interdit le travail des enfants et le travail "
+           "forcé, et ils sont évalués tous les deux ans par un organisme indépendant. La consommation d'eau a "
+           "diminué de douze pour cent grâce au recyclage des eaux de process et à la réparation des fuites. "
+           "Les déchets dangereux sont collectés séparément et traités par des prestataires agréés. "),
+    "de": ("Umweltpolitik der Unternehmensgruppe. Unser Unternehmen verpflichtet sich, seine Treibhausgasemissionen "
+           "bis zum Jahr zweitausenddreißig gegenüber dem Basisjahr um vierzig Prozent zu senken. Jeder "
+           "Produktionsstandort verfügt über ein Umweltmanagementsystem, das nach der Norm ISO 14001 zertifiziert "
+           "ist. Die Lieferanten unterzeichnen unseren Verhaltenskodex, der Kinderarbeit und Zwangsarbeit "
+           "verbietet, und werden alle zwei Jahre von einer unabhängigen Stelle bewertet. Der Wasserverbrauch "
+           "sank um zwölf Prozent dank der Wiederverwendung von Prozesswasser und der Reparatur von Leckagen. "
+           "Gefährliche Abfälle werden getrennt gesammelt und von zugelassenen Entsorgern behandelt. "),
+}
+
+
+def foreign_pages(folder: Path, dpi: int) -> list[tuple[Path, int, str]]:
+    """One scanned A4 page per language of FOREIGN (text written by PyMuPDF, then scanned)."""
+    out = []
+    for lang, text in FOREIGN.items():
+        original = folder / f"policy-{lang}-text.pdf"
+        with pymupdf.open() as doc:
+            doc.new_page(width=595, height=842).insert_textbox(pymupdf.Rect(56, 56, 540, 790), text * 2,
+                                                               fontsize=11, fontname="helv")
+            doc.save(original)
+        scanned = folder / f"policy-{lang}.pdf"
+        scan_pages(original, scanned, {1}, dpi)
+        _ORIGINALS[scanned] = original
+        out.append((scanned, 1, lang))
+    return out
 
 
 _ORIGINALS: dict[Path, Path] = {}  # scanned file -> its original (set while building)
@@ -199,8 +241,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compare-engines", type=int, default=4, metavar="N")
     ap.add_argument("--language-cost", type=int, default=4, metavar="N")
     ap.add_argument("--tessdata", default=None)
+    ap.add_argument("--parts", default="retrieval,csr,engines,languages",
+                    help="comma-separated parts to run (engines and languages scan their sample pages themselves)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    parts = set(args.parts.split(","))
 
     engine = OcrEngine.probe(dpi=args.ocr_dpi, tessdata=args.tessdata)
     if not engine.available:
@@ -221,58 +266,59 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         originals = [data / "pdfs" / f"{d}.pdf" for d in sorted(chosen)]
-        base, _ = index_docs(originals, tmp / "index-text", detector, OcrEngine(mode="off"))
-        report["text"] = recall_scores(base, subset, detector)
-        print(f"text layer: R@3 {report['text']['R@3']} R@20 {report['text']['R@20']}", file=sys.stderr)
-        report["scans"] = {}
-        for dpi in args.dpi:
-            folder = tmp / f"scans-{dpi}"
-            folder.mkdir()
-            paths = []
-            for src in originals:
-                dst = folder / src.name
-                scan_pages(src, dst, scanned[src.stem], dpi)
-                _ORIGINALS[dst] = src
-                paths.append(dst)
-            t0 = time.perf_counter()
-            backend, documents = index_docs(paths, tmp / f"index-{dpi}", detector, engine)
-            wall = time.perf_counter() - t0
-            matched = ref_total = hyp_total = 0
-            sources: Counter[str] = Counter()
-            confidences = []
-            for (document, _), src in zip(documents, originals):
-                with pymupdf.open(src) as original:
-                    for p in scanned[src.stem]:
-                        page = document.pages[p - 1]
-                        sources[page.text_source] += 1
-                        if page.ocr_confidence is not None:
-                            confidences.append(page.ocr_confidence)
-                        m, r, h = word_scores(original.load_page(p - 1).get_text("text", sort=False), page.raw_text)
-                        matched, ref_total, hyp_total = matched + m, ref_total + r, hyp_total + h
-            ocr_pages = sum(d.ocr_pages for d, _ in documents)
-            ocr_s = sum(d.ocr_seconds for d, _ in documents)
-            scores = recall_scores(backend, subset, detector)
-            result = {
-                "R@3": scores["R@3"], "R@20": scores["R@20"],
-                "R@3_ratio": round(scores["R@3"] / report["text"]["R@3"], 3) if report["text"]["R@3"] else None,
-                "word_recall": round(matched / max(1, ref_total), 3),
-                "word_precision": round(matched / max(1, hyp_total), 3),
-                "sources_of_scanned_pages": dict(sources),
-                "mean_confidence": round(sum(confidences) / len(confidences), 1) if confidences else None,
-                "ocr_pages": ocr_pages, "ocr_seconds": round(ocr_s, 1),
-                "ocr_pages_per_s": round(ocr_pages / ocr_s, 3) if ocr_s else None,
-                "extract_wall_s": round(wall, 1),
-                "changed_queries": {qid: (report["text"]["per_query"][qid], v)
-                                    for qid, v in scores["per_query"].items()
-                                    if v != report["text"]["per_query"][qid]},
-            }
-            report["scans"][dpi] = result
-            print(f"scanned at {dpi} dpi: R@3 {result['R@3']} R@20 {result['R@20']} (x{result['R@3_ratio']} of text), "
-                  f"word recall {result['word_recall']} precision {result['word_precision']}, "
-                  f"{ocr_pages} pages OCR'd at {result['ocr_pages_per_s']} pages/s; load {os.getloadavg()}",
-                  file=sys.stderr)
+        if "retrieval" in parts:
+            base, _ = index_docs(originals, tmp / "index-text", detector, OcrEngine(mode="off"))
+            report["text"] = recall_scores(base, subset, detector)
+            print(f"text layer: R@3 {report['text']['R@3']} R@20 {report['text']['R@20']}", file=sys.stderr)
+            report["scans"] = {}
+            for dpi in args.dpi:
+                folder = tmp / f"scans-{dpi}"
+                folder.mkdir()
+                paths = []
+                for src in originals:
+                    dst = folder / src.name
+                    scan_pages(src, dst, scanned[src.stem], dpi)
+                    _ORIGINALS[dst] = src
+                    paths.append(dst)
+                t0 = time.perf_counter()
+                backend, documents = index_docs(paths, tmp / f"index-{dpi}", detector, engine)
+                wall = time.perf_counter() - t0
+                matched = ref_total = hyp_total = 0
+                sources: Counter[str] = Counter()
+                confidences = []
+                for (document, _), src in zip(documents, originals):
+                    with pymupdf.open(src) as original:
+                        for p in scanned[src.stem]:
+                            page = document.pages[p - 1]
+                            sources[page.text_source] += 1
+                            if page.ocr_confidence is not None:
+                                confidences.append(page.ocr_confidence)
+                            m, r, h = word_scores(original.load_page(p - 1).get_text("text", sort=False), page.raw_text)
+                            matched, ref_total, hyp_total = matched + m, ref_total + r, hyp_total + h
+                ocr_pages = sum(d.ocr_pages for d, _ in documents)
+                ocr_s = sum(d.ocr_seconds for d, _ in documents)
+                scores = recall_scores(backend, subset, detector)
+                result = {
+                    "R@3": scores["R@3"], "R@20": scores["R@20"],
+                    "R@3_ratio": round(scores["R@3"] / report["text"]["R@3"], 3) if report["text"]["R@3"] else None,
+                    "word_recall": round(matched / max(1, ref_total), 3),
+                    "word_precision": round(matched / max(1, hyp_total), 3),
+                    "sources_of_scanned_pages": dict(sources),
+                    "mean_confidence": round(sum(confidences) / len(confidences), 1) if confidences else None,
+                    "ocr_pages": ocr_pages, "ocr_seconds": round(ocr_s, 1),
+                    "ocr_pages_per_s": round(ocr_pages / ocr_s, 3) if ocr_s else None,
+                    "extract_wall_s": round(wall, 1),
+                    "changed_queries": {qid: (report["text"]["per_query"][qid], v)
+                                        for qid, v in scores["per_query"].items()
+                                        if v != report["text"]["per_query"][qid]},
+                }
+                report["scans"][dpi] = result
+                print(f"scanned at {dpi} dpi: R@3 {result['R@3']} R@20 {result['R@20']} (x{result['R@3_ratio']} of text), "
+                      f"word recall {result['word_recall']} precision {result['word_precision']}, "
+                      f"{ocr_pages} pages OCR'd at {result['ocr_pages_per_s']} pages/s; load {os.getloadavg()}",
+                      file=sys.stderr)
 
-        if args.csr and args.csr.is_file():
+        if "csr" in parts and args.csr and args.csr.is_file():
             with pymupdf.open(args.csr) as doc:
                 n = doc.page_count
             pages = set(range(1, n + 1, args.csr_step))
@@ -306,19 +352,33 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"CSR {args.csr.name}, {len(pages)} pages scanned whole at {dpi} dpi: {report['csr'][dpi]}",
                       file=sys.stderr)
 
-        sample = [(tmp / f"scans-{max(args.dpi)}" / f"{d}.pdf", p)
-                  for d, qs in sorted(chosen.items()) for p in sorted({q["relevant_pages"][0] for q in qs})]
-        if args.compare_engines:
+        # evidence pages (the first of each query, at most N), each scanned alone
+        wanted = max(args.compare_engines, args.language_cost)
+        sample = []
+        for d, qs in sorted(chosen.items()):
+            for p in sorted({q["relevant_pages"][0] for q in qs}):
+                if len(sample) >= wanted:
+                    break
+                original = tmp / f"{d}-p{p}-text.pdf"
+                with pymupdf.open(data / "pdfs" / f"{d}.pdf") as doc, pymupdf.open() as out:
+                    out.insert_pdf(doc, from_page=p - 1, to_page=p - 1)
+                    out.save(original)
+                page_scan = tmp / f"{d}-p{p}.pdf"
+                scan_pages(original, page_scan, {1}, max(args.dpi))
+                _ORIGINALS[page_scan] = original
+                sample.append((page_scan, 1))
+        if "engines" in parts and args.compare_engines:
             report["engines"] = compare_engines(sample[: args.compare_engines], args.ocr_dpi, args.tessdata)
             for row in report["engines"]:
                 print(f"engines: {row}", file=sys.stderr)
-        if args.language_cost:
-            report["language_cost"] = language_cost(sample[: args.language_cost], args.ocr_dpi, args.tessdata)
+        if "languages" in parts and args.language_cost:
+            pages = [(p, n, "en") for p, n in sample[: args.language_cost]] + foreign_pages(tmp, max(args.dpi))
+            report["language_cost"] = language_cost(pages, args.ocr_dpi, args.tessdata)
             for row in report["language_cost"]:
                 print(f"languages: {row}", file=sys.stderr)
     report["load_after"] = os.getloadavg()
-    for key in ("text",):
-        report[key].pop("per_query", None)
+    if "text" in report:
+        report["text"].pop("per_query", None)
     if args.json:
         print(json.dumps(report, indent=1, default=str))
     else:
