@@ -228,6 +228,21 @@ def test_missing_tesseract_indexes_and_says_how_to_install(tmp_path, backend):
     assert backend.search(["board", "shareholders"], ["scan"], 3)[0].page == 2  # the digital page is indexed
 
 
+@needs_tesseract
+def test_ocr_over_its_time_limit_or_failing_leaves_the_page_unread(tmp_path):
+    from dataclasses import replace
+
+    path = scanned_pdf(tmp_path / "scan.pdf", [TEXTS["en"]])
+    with pymupdf.open(path) as doc:
+        page = doc[0]
+        slow = read_page(page, replace(TESSERACT, timeout_s=0.01))
+        assert (slow.source, slow.text) == ("unread", "") and "EVIDENTIA_OCR_TIMEOUT_S" in slow.problem
+        broken = read_page(page, replace(TESSERACT, installed=("xyz",)))  # no such traineddata
+        assert broken.source == "unread" and broken.problem.startswith("Tesseract failed")
+    document = extract_pages(path, "scan", LanguageDetector(), ocr=replace(TESSERACT, timeout_s=0.01))
+    assert document.unread_pages == 1 and "EVIDENTIA_OCR_TIMEOUT_S" in document.ocr_problem
+
+
 def test_missing_language_data_is_reported(tmp_path):
     if shutil.which("tesseract") is None:
         pytest.skip("no tesseract binary")
