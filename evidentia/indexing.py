@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from evidentia.language import LanguageDetector
-from evidentia.indexer.ocr import INSTALL_HINT, OcrEngine, PageText
+from evidentia.indexer.ocr import INSTALL_HINT, MISSING_PROBLEMS, OcrEngine, PageText
 from evidentia.indexer.pdf import PdfError, extract_pages
 from evidentia.records import Document
 from evidentia.retriever.base import SearchBackend
@@ -50,7 +50,7 @@ class IndexSummary:
             rate = self.ocr_pages / self.ocr_seconds if self.ocr_seconds > 0 else 0.0
             parts.append(f"OCR: {self.ocr_pages} page(s) read in {self.ocr_seconds:.1f} s ({rate:.2f} pages/s)")
         if self.unread_pages:
-            parts.append(f"{self.unread_pages} page(s) not read ({self.unread_reason or 'no usable text layer'})")
+            parts.append(f"{self.unread_pages} page(s) not read: {self.unread_reason or 'no usable text layer'}")
         return "; ".join(parts) or None
 
     def add_document(self, document: Document) -> None:
@@ -77,8 +77,8 @@ class IndexSummary:
 
 def unread_reason(problem: str) -> str:
     """The reason pages were left unread, with how to fix it where Tesseract is missing."""
-    if problem.startswith("Tesseract not found") or problem.startswith("Tesseract has no language data"):
-        return f"they look scanned and {problem[0].lower()}{problem[1:]}: {INSTALL_HINT}"
+    if problem.startswith(MISSING_PROBLEMS):
+        return f"they look scanned and {problem}; {INSTALL_HINT}"
     return problem
 
 

@@ -46,9 +46,10 @@ TESSERACT_LANGUAGES = {
     "sv": "swe", "da": "dan", "no": "nor", "fi": "fin",
 }
 DEFAULT_LANGUAGES = "eng+fra+deu+spa+ita+por+nld"
-INSTALL_HINT = ("install Tesseract to read them: apt-get install tesseract-ocr tesseract-ocr-eng "
+INSTALL_HINT = ("to read them, install Tesseract: apt-get install tesseract-ocr tesseract-ocr-eng "
                 "tesseract-ocr-fra tesseract-ocr-deu tesseract-ocr-spa tesseract-ocr-ita tesseract-ocr-por "
-                "tesseract-ocr-nld (or set EVIDENTIA_OCR=off)")
+                "tesseract-ocr-nld; EVIDENTIA_OCR=off silences this")
+MISSING_PROBLEMS = ("Tesseract was not found", "Tesseract has no language data")
 
 # A text layer with fewer letters than this, on a page that shows an image over
 # much of its area (or many drawn paths: text turned into outlines), is a scan
@@ -88,7 +89,7 @@ class OcrEngine:
             return base
         path = shutil.which(command)
         if path is None:
-            return _replace(base, problem=f"Tesseract not found ({command!r} is not on PATH)")
+            return _replace(base, problem=f"Tesseract was not found ({command!r} is not on PATH)")
         try:
             out = subprocess.run([path, "--list-langs"], capture_output=True, text=True, timeout=30,
                                  env=base.environment())
@@ -244,7 +245,7 @@ def read_page(page: pymupdf.Page, engine: OcrEngine, language: str | None = None
     kept = "" if garbage else text_layer  # a junk layer is never shown or searched
     fallback = TEXT if kept.strip() else UNREAD
     if engine.mode == "off":
-        return PageText(kept, fallback, problem="OCR is off (EVIDENTIA_OCR=off)")
+        return PageText(kept, fallback, problem="OCR is off: EVIDENTIA_OCR=off")
     if not engine.available:
         return PageText(kept, fallback, problem=engine.problem)
     languages = engine.languages_for(language)

@@ -212,7 +212,7 @@ def test_ocr_off_leaves_scans_empty_and_counted(tmp_path, backend):
     off = OcrEngine.probe(mode="off")
     summary = index_paths([path], backend, LanguageDetector(), ocr=off)
     assert (summary.pages, summary.empty_pages, summary.unread_pages, summary.ocr_pages) == (2, 1, 1, 0)
-    assert summary.ocr_line() == "1 page(s) not read (OCR is off (EVIDENTIA_OCR=off))"
+    assert summary.ocr_line() == "1 page(s) not read: OCR is off: EVIDENTIA_OCR=off"
     assert backend.get_page("scan", 1).text_source == "unread"
     assert backend.get_document("scan").unread_pages == 1
 
@@ -223,7 +223,7 @@ def test_missing_tesseract_indexes_and_says_how_to_install(tmp_path, backend):
     summary = index_paths([path], backend, LanguageDetector(), ocr=MISSING)
     assert summary.documents == 1 and summary.unread_pages == 1 and not summary.failures
     line = summary.ocr_line()
-    assert "\n" not in line and line.startswith("1 page(s) not read (they look scanned and tesseract not found")
+    assert "\n" not in line and line.startswith("1 page(s) not read: they look scanned and Tesseract was not found")
     assert "apt-get install tesseract-ocr" in line
     assert backend.search(["board", "shareholders"], ["scan"], 3)[0].page == 2  # the digital page is indexed
 
