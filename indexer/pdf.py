@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -88,8 +89,9 @@ def extract_pages(path: Path, doc_id: str, detector: LanguageDetector, ocr: OcrE
                         # certificate in an English report): read again in its own
                         again = read_page(page, engine, lang, raw_layers[index])
                         t_ocr += again.seconds
-                        if again.source == OCR and (again.confidence or 0) >= (read.confidence or 0):
-                            read = again
+                        best = again if again.source == OCR and (again.confidence or 0) >= (read.confidence or 0) \
+                            else read
+                        read = replace(best, seconds=read.seconds + again.seconds)  # the page cost both
                     prior = prior or lang
             except Exception as exc:  # rendering a damaged page
                 raise PdfError(f"{path.name}: page {index + 1} cannot be read ({_first_line(exc)})") from None
