@@ -42,6 +42,7 @@ class IndexingWorker:
         # (tenant, document_id) -> (pages done, pages in the document) while it is being
         # indexed: transient, so kept in memory rather than written to the store
         self._progress: dict[tuple[str, str], tuple[int, int]] = {}
+        self._ocr_done: dict[tuple[str, str], int] = {}  # pages OCR'd so far while extracting a scan
         self._progress_lock = threading.Lock()
 
     def progress(self, tenant: str, document_id: str) -> tuple[int, int] | None:
@@ -49,10 +50,21 @@ class IndexingWorker:
         with self._progress_lock:
             return self._progress.get((tenant, document_id))
 
+    def ocr_progress(self, tenant: str, document_id: str) -> int:
+        """Pages of a document being indexed that OCR has read so far (0 for digital PDFs)."""
+        with self._progress_lock:
+            return self._ocr_done.get((tenant, document_id), 0)
+
+    def _count_ocr_page(self, tenant: str, document_id: str) -> None:
+        with self._progress_lock:
+            key = (tenant, document_id)
+            self._ocr_done[key] = self._ocr_done.get(key, 0) + 1
+
     def _set_progress(self, tenant: str, document_id: str, done: int | None, total: int = 0) -> None:
         with self._progress_lock:
             if done is None:
                 self._progress.pop((tenant, document_id), None)
+                self._ocr_done.pop((tenant, document_id), None)
             else:
                 self._progress[(tenant, document_id)] = (done, total)
 
@@ -127,7 +139,8 @@ class IndexingWorker:
         t0 = time.perf_counter()
         try:
             document = extract_pages(Path(row.file_path), internal_id(tenant, document_id), services.detector,
-                                     ocr=services.engine.ocr)
+                                     ocr=services.engine.ocr,
+                                     on_ocr_page=lambda _read: self._count_ocr_page(tenant, document_id))
         except PdfError as exc:
             self._fail(tenant, document_id, generation, str(exc))
             return

@@ -35,7 +35,8 @@ class DocumentAccepted(BaseModel):
 
 class IndexingProgress(BaseModel):
     pages_done: int = Field(..., description="Pages read and embedded so far.")
-    pages_total: int = Field(..., description="Pages in the document.")
+    pages_total: int = Field(..., description="Pages in the document (0 while its pages are still being read).")
+    ocr_pages: int = Field(0, description="Scanned pages read by OCR so far (OCR takes seconds a page).")
 
 
 class DocumentOut(BaseModel):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import time
 from pathlib import Path
 
 import pymupdf
@@ -358,20 +359,28 @@ def test_page_source_defaults_from_its_text():
 def test_api_reports_ocr_pages_and_page_sources(tmp_path):
     from fastapi.testclient import TestClient
 
-    from tests.test_api import make_app, new_tenant, ready_document, wait_ready
+    from tests.test_api import make_app, new_tenant, upload, wait_ready
 
-    path = scanned_pdf(tmp_path / "certificate.pdf", [TEXTS["fr"], None])
+    path = scanned_pdf(tmp_path / "certificate.pdf", [TEXTS["fr"], TEXTS["de"], None])
     with TestClient(make_app(tmp_path, ocr="on", ocr_dpi=150)) as client:
         wait_ready(client)
         headers = new_tenant(client)
-        ready_document(client, headers, path)
-        doc = client.get("/v1/documents/certificate", headers=headers).json()
-        assert (doc["ocr_pages"], doc["unread_pages"], doc["unread_reason"]) == (1, 0, None)
+        assert upload(client, headers, path).status_code == 202
+        seen = []  # the status while indexing: OCR progress shows before the page counts
+        deadline = time.monotonic() + 60
+        while (doc := client.get("/v1/documents/certificate", headers=headers).json())["status"] != "ready":
+            assert doc["status"] in ("queued", "indexing") and time.monotonic() < deadline, doc
+            if doc["progress"]:
+                seen.append(doc["progress"])
+            time.sleep(0.02)
+        assert {"pages_done": 0, "pages_total": 0, "ocr_pages": 1} in seen, seen
+        assert doc["progress"] is None
+        assert (doc["ocr_pages"], doc["unread_pages"], doc["unread_reason"]) == (2, 0, None)
         assert doc["ocr_confidence"] > 75
         first = client.get("/v1/documents/certificate/pages/1", headers=headers).json()
         assert first["text_source"] == "ocr" and first["ocr_confidence"] > 75 and "Dupont" in first["text"]
-        second = client.get("/v1/documents/certificate/pages/2", headers=headers).json()
-        assert second["text_source"] == "text" and second["ocr_confidence"] is None
+        third = client.get("/v1/documents/certificate/pages/3", headers=headers).json()
+        assert third["text_source"] == "text" and third["ocr_confidence"] is None
 
 
 def test_api_says_why_scans_were_not_read(tmp_path):

@@ -34,8 +34,12 @@ DocumentId = PathParam(..., description="Your document id.", examples=["acme-202
 
 def to_out(row: DocumentRow, services: Services | None = None) -> DocumentOut:
     progress = services.worker.progress(row.tenant, row.document_id) if services and row.status == "indexing" else None
+    ocr_done = services.worker.ocr_progress(row.tenant, row.document_id) if services and row.status == "indexing" else 0
+    if progress is None and ocr_done:  # still extracting: OCR of a scan
+        progress = (0, 0)
     return DocumentOut(document_id=row.document_id, status=row.status, reason=row.reason, filename=row.filename,
-                       progress=IndexingProgress(pages_done=progress[0], pages_total=progress[1]) if progress else None,
+                       progress=IndexingProgress(pages_done=progress[0], pages_total=progress[1],
+                                                 ocr_pages=ocr_done) if progress else None,
                        size_bytes=row.size_bytes, pages=row.pages, empty_pages=row.empty_pages,
                        languages=row.languages, ocr_pages=row.ocr.get("ocr_pages"),
                        ocr_confidence=row.ocr.get("ocr_confidence"), unread_pages=row.ocr.get("unread_pages"),

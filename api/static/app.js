@@ -186,6 +186,7 @@ function statusText(d) {
   }
   if (d.status === "failed") return d.reason || "indexing failed";
   if (d.status === "queued") return "waiting to be indexed…";
+  if (d.progress && !d.progress.pages_total) return `reading scans by OCR: ${d.progress.ocr_pages} pages…`;
   if (d.progress) return `indexing ${d.progress.pages_done} / ${d.progress.pages_total} pages…`;
   return "indexing…";
 }
