@@ -359,7 +359,7 @@ def test_page_source_defaults_from_its_text():
 def test_api_reports_ocr_pages_and_page_sources(tmp_path):
     from fastapi.testclient import TestClient
 
-    from tests.test_api import make_app, new_tenant, upload, wait_ready
+    from tests.utils.api import make_app, new_tenant, upload, wait_ready
 
     path = scanned_pdf(tmp_path / "certificate.pdf", [TEXTS["fr"], TEXTS["de"], None])
     with TestClient(make_app(tmp_path, ocr="on", ocr_dpi=150)) as client:
@@ -386,7 +386,7 @@ def test_api_reports_ocr_pages_and_page_sources(tmp_path):
 def test_api_says_why_scans_were_not_read(tmp_path):
     from fastapi.testclient import TestClient
 
-    from tests.test_api import make_app, new_tenant, ready_document, wait_ready
+    from tests.utils.api import make_app, new_tenant, ready_document, wait_ready
 
     path = scanned_pdf(tmp_path / "certificate.pdf", [TEXTS["fr"]])
     with TestClient(make_app(tmp_path, ocr="on", tesseract="/nonexistent/bin/tesseract")) as client:
