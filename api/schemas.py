@@ -6,11 +6,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from evidentia.config import STAGES
+from evidentia.indexer.ocr import SOURCES
 from evidentia.reranker.registry import reranker_names
 
 Status = Literal["queued", "indexing", "ready", "failed"]
-Stage = Literal["bm25", "dense", "hybrid"]  # evidentia.config.STAGES
-TextSource = Literal["text", "ocr", "unread", "none"]  # evidentia.indexer.ocr.SOURCES
+Stage = Literal[STAGES]  # the same tuple the engine checks; a Literal so OpenAPI lists the values
+TextSource = Literal[SOURCES]  # how a page's text was obtained: indexer/ocr.py
 
 
 class ErrorDetail(BaseModel):

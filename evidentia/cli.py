@@ -23,8 +23,8 @@ def main_options(verbose: bool = typer.Option(False, "--verbose", "-v",
     quiet_libraries(verbose)
 
 
-TENANT_HELP = ("Tenant whose documents these are, as the API sees them (default EVIDENTIA_DEFAULT_TENANT, "
-               "'default'; `evidentia keys create --tenant default` gives the API access to them).")
+TENANT_HELP = ("Tenant whose documents these are, as the API sees them (default: 'default'; "
+               "`evidentia keys create --tenant default` gives the API access to them).")
 
 
 def _library(ctx: Context):
@@ -150,7 +150,7 @@ def search(
 def _external(doc_ids) -> list[str]:
     from evidentia.tenants import split_internal_id
 
-    return [(split_internal_id(d) or ("", d))[1] for d in doc_ids]
+    return [split_internal_id(d)[1] for d in doc_ids]
 
 
 @app.command()
@@ -179,7 +179,7 @@ def docs(tenant: Optional[str] = typer.Option(None, "--tenant", help="Only this 
                + ("\tOCR pages (confidence)\tunread scans" if scans else ""))
     for d in found:
         langs = ", ".join(f"{k}:{v}" for k, v in d.languages.items()) or "-"
-        line = f"{d.tenant or '-'}\t{d.document_id}\t{d.pages}\t{d.empty_pages}\t{langs}"
+        line = f"{d.tenant}\t{d.document_id}\t{d.pages}\t{d.empty_pages}\t{langs}"
         if scans:
             conf = f" ({d.ocr_confidence:.0f})" if d.ocr_confidence is not None else ""
             line += f"\t{d.ocr_pages}{conf}\t{d.unread_pages}"
@@ -190,9 +190,6 @@ def docs(tenant: Optional[str] = typer.Option(None, "--tenant", help="Only this 
     if any(d.unread_pages for d in found):
         typer.echo("unread scans: pages that show a scan but were not read (EVIDENTIA_OCR=off, Tesseract missing "
                    "or over EVIDENTIA_OCR_TIMEOUT_S); index them again with OCR on", err=True)
-    if any(d.tenant is None for d in found):
-        typer.echo("tenant '-': indexed outside any tenant (by `eval`/`dataset`, or before tenants existed); "
-                   "the default tenant's searches still find them", err=True)
 
 
 @app.command()
