@@ -50,7 +50,7 @@ import pymupdf
 
 from evidentia.evaluation import metrics
 from evidentia.language import LanguageDetector
-from evidentia.indexer.ocr import DEFAULT_LANGUAGES, OcrEngine, ocr_page, render
+from evidentia.indexer.ocr import DEFAULT_LANGUAGES, OcrEngine, ocr_page
 from evidentia.indexer.pdf import extract_pages
 from evidentia.retriever.query import build_query
 from evidentia.retriever.tantivy_backend import TantivyBackend

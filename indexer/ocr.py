@@ -32,7 +32,7 @@ import shutil
 import subprocess
 import time
 from itertools import islice
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pymupdf
 
@@ -89,17 +89,17 @@ class OcrEngine:
             return base
         path = shutil.which(command)
         if path is None:
-            return _replace(base, problem=f"Tesseract was not found ({command!r} is not on PATH)")
+            return replace(base, problem=f"Tesseract was not found ({command!r} is not on PATH)")
         try:
             out = subprocess.run([path, "--list-langs"], capture_output=True, text=True, timeout=30,
                                  env=base.environment())
         except (OSError, subprocess.TimeoutExpired) as exc:
-            return _replace(base, problem=f"Tesseract does not run ({exc})")
+            return replace(base, problem=f"Tesseract does not run ({exc})")
         names = tuple(line.strip() for line in out.stdout.splitlines()[1:]
                       if line.strip() and line.strip() != "osd")
         if out.returncode != 0 or not names:
-            return _replace(base, problem=f"Tesseract has no language data (tessdata {tessdata or 'default'})")
-        return _replace(base, command=path, available=True, installed=names)
+            return replace(base, problem=f"Tesseract has no language data (tessdata {tessdata or 'default'})")
+        return replace(base, command=path, available=True, installed=names)
 
     @classmethod
     def from_settings(cls, settings) -> "OcrEngine":
@@ -139,12 +139,6 @@ class PageText:
     seconds: float = 0.0  # time spent on OCR
     languages: str = ""  # the Tesseract languages used
     problem: str = ""  # why an unread page was not read
-
-
-def _replace(engine: OcrEngine, **changes) -> OcrEngine:
-    from dataclasses import replace
-
-    return replace(engine, **changes)
 
 
 # -- is the text layer usable? --------------------------------------------------
