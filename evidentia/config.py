@@ -42,6 +42,12 @@ class Settings:
     llm_timeout_s: float = 60.0
     llm_max_retries: int = 4
     llm_token_budget: int = 12000  # prompt tokens per request; longer pools are split
+    # The model's context window (prompt + answer); None: only llm_token_budget bounds
+    # the prompt. Set it for local models (e.g. 8192 for a llama.cpp server started with -c 8192).
+    llm_context_tokens: int | None = None
+    llm_structured_output: str = "auto"  # response_format JSON schema: auto (when accepted) / on / off
+    llm_tokenizer: str = "auto"  # token counting: auto / server (llama.cpp /tokenize) / tiktoken / chars
+    llm_concurrency: int = 8  # LLM reranks that talk to the model at once in `evidentia serve`; others queue
     # Classifier reranker: a directory written by `evidentia train` (None = the shipped CPU model).
     classifier_model: str | None = None
     classifier_threshold: float = 0.15
@@ -102,6 +108,12 @@ class Settings:
             llm_timeout_s=_positive_float(env, "EVIDENTIA_LLM_TIMEOUT_S", defaults.llm_timeout_s),
             llm_max_retries=_non_negative_int(env, "EVIDENTIA_LLM_MAX_RETRIES", defaults.llm_max_retries),
             llm_token_budget=_positive_int(env, "EVIDENTIA_LLM_TOKEN_BUDGET", defaults.llm_token_budget),
+            llm_context_tokens=_positive_int(env, "EVIDENTIA_LLM_CONTEXT_TOKENS", 0) or None,
+            llm_structured_output=_choice(env, "EVIDENTIA_LLM_STRUCTURED_OUTPUT", defaults.llm_structured_output,
+                                          ("auto", "on", "off")),
+            llm_tokenizer=_choice(env, "EVIDENTIA_LLM_TOKENIZER", defaults.llm_tokenizer,
+                                  ("auto", "server", "tiktoken", "chars")),
+            llm_concurrency=_positive_int(env, "EVIDENTIA_LLM_CONCURRENCY", defaults.llm_concurrency),
             classifier_model=env.get("EVIDENTIA_CLASSIFIER_MODEL") or None,
             torch_threads=_positive_int(env, "EVIDENTIA_TORCH_THREADS", 0) or None,
             retrain_base_data=Path(env["EVIDENTIA_RETRAIN_BASE_DATA"]) if env.get("EVIDENTIA_RETRAIN_BASE_DATA") else None,

@@ -20,6 +20,7 @@ from evidentia.reranker.llm import (
     LLMReranker,
     MalformedAnswer,
     estimate_messages_tokens,
+    answer_token_reserve,
     parse_answer,
     strip_page_words,
 )
@@ -52,6 +53,7 @@ POOL = [
 def make(server: FakeOpenAI, sleeps: list, **kw) -> LLMReranker:
     kw.setdefault("model", "test-model")
     kw.setdefault("max_retries", 4)
+    kw.setdefault("structured_output", "off")  # the plain prompt; structured output has its own tests
     return LLMReranker(base_url=server.base_url, api_key="test", timeout_s=5.0, sleep=sleeps.append, **kw)
 
 
@@ -77,6 +79,7 @@ def test_request_shape(server, sleeps):
     assert req["model"] == "test-model"
     assert req["temperature"] == 0
     assert "response_format" not in req
+    assert req["max_tokens"] == answer_token_reserve(4)  # a looping model cannot run on
     messages = req["messages"]
     roles = [m["role"] for m in messages]
     assert roles == ["system", "user", "assistant", "user"]
