@@ -20,6 +20,7 @@ from evidentia.api.ratelimit import RateLimiter
 from evidentia.api.store import Store
 from evidentia.config import Settings
 from evidentia.reranker.base import Reranker
+from evidentia.reranker.llm_runtime import LLMRuntime
 from evidentia.reranker.registry import create_reranker
 from evidentia.retriever.base import SearchBackend
 from evidentia.retriever.dense import PageEmbedder
@@ -178,6 +179,9 @@ class Services:
         self.settings = settings
         self.metrics = Metrics()
         self.rerankers = RerankerCache(settings)
+        # LLM reranks run in their own bounded executor (EVIDENTIA_LLM_CONCURRENCY), never
+        # in the thread pool that authentication and storage use (see reranker/llm_runtime.py)
+        self.llm = LLMRuntime(settings.llm_concurrency)
         self.rate_limiter = RateLimiter(settings.rate_limit_per_minute)
         self.doc_lock = threading.Lock()  # serialises index writes with deletes
         self.backend_ready = threading.Event()
@@ -272,6 +276,7 @@ class Services:
 
     def stop(self) -> None:
         self._stopping.set()
+        self.llm.shutdown()
         self.worker.stop()
         if self._warmup is not None:
             self._warmup.join(5.0)

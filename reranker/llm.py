@@ -415,6 +415,10 @@ class LLMReranker(Reranker):
         self._counter_probed = False
         self._ssl_context = None
         self._lock = threading.Lock()
+        try:  # import the client library now: its first import (~1 s) must not eat a request's deadline
+            import openai  # noqa: F401
+        except ImportError:
+            pass
 
     @classmethod
     def from_settings(cls, settings) -> "LLMReranker":
@@ -517,9 +521,11 @@ class LLMReranker(Reranker):
         if self.tokenizer in ("server", "auto") and not self._counter_probed and self.base_url:
             with self._lock:
                 if not self._counter_probed:
-                    counter = _ServerTokenizer(self.base_url, min(5.0, deadline.remaining() or 5.0))
+                    counter = _ServerTokenizer(self.base_url, min(5.0, deadline.remaining() or 5.0), self._ssl())
                     if counter.works():
                         self._counter = counter
+                    else:
+                        counter.close()
                     self._counter_probed = True
         if isinstance(self._counter, _ServerTokenizer):
             self._counter.timeout_s = min(5.0, deadline.remaining() or 5.0)
@@ -713,10 +719,18 @@ class LLMReranker(Reranker):
             return client.chat.completions.create(model=self.model, messages=messages, temperature=0, **extra)
         import httpx
 
-        http = httpx.Client(timeout=httpx.Timeout(limit), verify=self._ssl(), follow_redirects=True)
+        sockets = _SocketRecorder()
+        transport = httpx.HTTPTransport(verify=self._ssl())
+        sockets.install(transport)
+        http = httpx.Client(timeout=httpx.Timeout(limit), transport=transport, follow_redirects=True)
+
+        def abort() -> None:
+            sockets.shut()  # wakes a read blocked in another thread (closing alone does not)
+            http.close()
+
         try:
             attempt_client = client.with_options(http_client=http, timeout=limit, max_retries=0)
-            with watchdog(deadline, limit, http.close) as fired:
+            with watchdog(deadline, limit, abort) as fired:
                 try:
                     return attempt_client.chat.completions.create(model=self.model, messages=messages,
                                                                   temperature=0, **extra)
@@ -743,6 +757,49 @@ class LLMReranker(Reranker):
             except ImportError:
                 self._ssl_context = ssl.create_default_context()
         return self._ssl_context
+
+
+class _SocketRecorder:
+    """Remembers the sockets an attempt's transport opens, so that the watchdog can
+    shut them down: ``shutdown()`` wakes a ``recv`` blocked in another thread,
+    which closing the client does not. Uses httpcore's network-backend hook; where
+    that is missing, the attempt is still bounded by its read timeout."""
+
+    def __init__(self) -> None:
+        self.sockets: list = []
+        self._lock = threading.Lock()
+
+    def install(self, transport) -> None:
+        try:
+            import httpcore
+
+            recorder = self
+
+            class Backend(httpcore.SyncBackend):
+                def connect_tcp(self, *args, **kwargs):
+                    stream = super().connect_tcp(*args, **kwargs)
+                    sock = stream.get_extra_info("socket")
+                    if sock is not None:
+                        with recorder._lock:
+                            recorder.sockets.append(sock)
+                    return stream
+
+            pool = transport._pool
+            if hasattr(pool, "_network_backend"):
+                pool._network_backend = Backend()
+        except Exception:  # another httpx/httpcore layout: rely on the timeouts
+            pass
+
+    def shut(self) -> None:
+        import socket
+
+        with self._lock:
+            sockets = list(self.sockets)
+        for sock in sockets:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
 
 class _Aborted(Exception):
@@ -786,18 +843,22 @@ class _ServerTokenizer:
     /tokenize`` and ``/detokenize``, next to ``/v1``): exact budgets for local
     models whose tokenizer tiktoken does not know. Counts are cached per text."""
 
-    def __init__(self, base_url: str, timeout_s: float) -> None:
+    def __init__(self, base_url: str, timeout_s: float, ssl_context=None) -> None:
+        import httpx
+
         root = base_url.rstrip("/")
         self.root = root[: -len("/v1")] if root.endswith("/v1") else root
         self.timeout_s = timeout_s
         self._cache: "dict[str, int]" = {}
+        self._http = httpx.Client(verify=ssl_context) if ssl_context is not None else httpx.Client()
 
     def _post(self, path: str, body: dict) -> dict:
-        import httpx
-
-        r = httpx.post(self.root + path, json=body, timeout=self.timeout_s)
+        r = self._http.post(self.root + path, json=body, timeout=self.timeout_s)
         r.raise_for_status()
         return r.json()
+
+    def close(self) -> None:
+        self._http.close()
 
     def works(self) -> bool:
         try:

@@ -31,8 +31,10 @@ FALLBACK_SUFFIX = "; BM25 order returned"
 
 def deadline_margin(request_timeout_s: float) -> float:
     """Time kept back from the request timeout for everything after the LLM
-    (storing the validation, answering): a tenth of it, at most one second."""
-    return min(1.0, 0.1 * request_timeout_s)
+    (storing the validation, answering; many validations whose deadline passes
+    at once queue for the store): a tenth of it, between 0.5 and 2 seconds, and
+    never more than half of it."""
+    return min(0.5 * request_timeout_s, max(0.5, min(2.0, 0.1 * request_timeout_s)))
 
 
 class Deadline:
@@ -142,21 +144,37 @@ class LLMRuntime:
             raise ValueError("LLM concurrency must be at least 1")
         self.concurrency = concurrency
         self._executor = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="evidentia-llm")
+        self._lock = threading.Lock()
+        self._pending = 0
+
+    @property
+    def pending(self) -> int:
+        """Reranks submitted and not finished (running or queued)."""
+        with self._lock:
+            return self._pending
+
+    def _finished(self, _future: Future) -> None:
+        with self._lock:
+            self._pending -= 1
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     def submit(self, fn: Callable[[Deadline], RerankResult], deadline: Deadline) -> Future:
-        def run() -> RerankResult:
+        def run() -> RerankResult | None:
             if deadline.expired():  # waited in the queue until the end: do not call the model
-                raise TimeoutError
+                return None
             return fn(deadline)
 
-        return self._executor.submit(run)
+        with self._lock:
+            self._pending += 1
+        future = self._executor.submit(run)
+        future.add_done_callback(self._finished)
+        return future
 
     async def rerank(self, rerank: Callable[[Deadline], RerankResult], candidates: Sequence[Candidate],
                      deadline: Deadline, disconnected: Callable[[], Awaitable[bool]] | None = None,
-                     poll_s: float = 0.1) -> RerankResult:
+                     poll_s: float = 0.25) -> RerankResult:
         """Run ``rerank(deadline)`` in the executor and await it without holding a
         thread. When the deadline passes or ``disconnected()`` says the client is
         gone, the deadline is cancelled (the watchdog aborts the HTTP request, no
@@ -170,10 +188,13 @@ class LLMRuntime:
                 done, _ = await asyncio.wait({waiting}, timeout=step)
                 if done:
                     try:
-                        return waiting.result()
-                    except (TimeoutError, FutureCancelled, asyncio.CancelledError):
-                        return _fallback(candidates, deadline, "the LLM had no free slot before the deadline "
+                        result = waiting.result()
+                    except (FutureCancelled, asyncio.CancelledError):
+                        result = None
+                    if result is None:
+                        return _fallback(candidates, deadline, "no free LLM slot before the deadline "
                                          f"(EVIDENTIA_LLM_CONCURRENCY={self.concurrency})")
+                    return result
                 if disconnected is not None and await disconnected():
                     deadline.cancel("the client disconnected")
                     return _fallback(candidates, deadline, "the client disconnected")
@@ -188,6 +209,8 @@ class LLMRuntime:
             if not future.done():
                 future.cancel()
                 deadline.cancel("the request ended")
+            # an outcome nobody waits for any more is consumed, not logged as "never retrieved"
+            waiting.add_done_callback(lambda f: f.cancelled() or f.exception())
 
 
 def _fallback(candidates: Sequence[Candidate], deadline: Deadline, reason: str) -> RerankResult:

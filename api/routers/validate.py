@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
 
 from evidentia.api.deps import Caller, deadline, get_services, require_backend, require_tenant, run_blocking
@@ -16,7 +16,9 @@ from evidentia.api.schemas import ErrorResponse, ValidatedPage, ValidateRequest,
 from evidentia.api.services import Services, default_threshold, model_version
 from evidentia.api.store import ValidationRow, now
 from evidentia.config import ConfigError
-from evidentia.pipeline import Pipeline
+from evidentia.pipeline import Pipeline, PipelineResult
+from evidentia.reranker.llm import LLMReranker
+from evidentia.reranker.llm_runtime import Deadline, deadline_margin
 from evidentia.reranker.registry import reranker_names
 from evidentia.retriever.base import BackendError, MissingVectorsError, UnknownDocumentError, VectorModelError
 
@@ -88,7 +90,7 @@ def _external(doc_ids) -> list[str]:
             "unavailable.")},
     },
 )
-async def validate(body: ValidateRequest, caller: Caller = Depends(require_tenant),
+async def validate(body: ValidateRequest, request: Request, caller: Caller = Depends(require_tenant),
                    services: Services = Depends(get_services)) -> ValidateResponse:
     document_ids, top_k, name, stage = _limits(services, body)
     rows = await run_in_threadpool(services.store.get_documents, caller.tenant, document_ids)
@@ -104,6 +106,8 @@ async def validate(body: ValidateRequest, caller: Caller = Depends(require_tenan
     threshold = default_threshold(services.settings, name, body.threshold)
     until = deadline(services)
     question, answer = body.question.strip(), body.answer.strip()
+    # the LLM reranks after the first stage, outside the shared thread pool (awaited below)
+    llm = name == "llm"
 
     def work():
         t0 = time.perf_counter()
@@ -119,7 +123,8 @@ async def validate(body: ValidateRequest, caller: Caller = Depends(require_tenan
                 raise ApiError(503, "embedder_unavailable", f"the embedding model for the {stage} stage cannot "
                                f"be loaded: {exc}") from None
         t1 = time.perf_counter()
-        pipeline = Pipeline.from_settings(services.settings, backend, services.detector, reranker, stage=stage,
+        pipeline = Pipeline.from_settings(services.settings, backend, services.detector, None if llm else reranker,
+                                          stage=stage,
                                           embedder=embedder, pool_size=top_k)
         with services.rerankers.gate(name, until) as waited:
             if time.monotonic() > until:
@@ -147,6 +152,8 @@ async def validate(body: ValidateRequest, caller: Caller = Depends(require_tenan
                        {"document_ids": _external(exc.doc_ids), "stage": stage}) from None
     except BackendError as exc:
         raise ApiError(503, "backend_unavailable", f"search engine error: {exc}") from None
+    if llm:
+        result, timings = await _llm_rerank(services, request, reranker, question, answer, result, timings, until)
 
     pages = [
         ValidatedPage(document_id=(split_internal_id(p.doc_id) or ("", p.doc_id))[1], page=p.page,
@@ -171,3 +178,21 @@ async def validate(body: ValidateRequest, caller: Caller = Depends(require_tenan
     return ValidateResponse(validation_id=validation.validation_id, pages=pages, reranker=result.reranker, stage=stage,
                             fallback_reason=result.fallback_reason,
                             timings_ms={k: round(v, 2) for k, v in timings.items()}, model_version=version)
+
+
+async def _llm_rerank(services: Services, request: Request, reranker, question: str, answer: str,
+                      first: PipelineResult, timings: dict, until: float) -> tuple[PipelineResult, dict]:
+    """The LLM rerank of the first-stage pool in the LLM executor, by the request's
+    deadline less a margin; the first-stage order with the reason when it passes
+    or the client disconnects (the LLM work is cancelled then)."""
+    deadline = Deadline(until - deadline_margin(services.settings.request_timeout_s))
+    t0 = time.perf_counter()
+    bounded = isinstance(reranker, LLMReranker)  # a stand-in (tests) may not take a deadline
+    reranked = await services.llm.rerank(
+        lambda d: (reranker.rerank(question, answer, first.candidates, deadline=d) if bounded
+                   else reranker.rerank(question, answer, first.candidates)),
+        first.candidates, deadline, disconnected=request.is_disconnected)
+    rerank_ms = (time.perf_counter() - t0) * 1000
+    timings = {**timings, "rerank": rerank_ms, "total": timings["total"] + rerank_ms}
+    return PipelineResult(candidates=first.candidates, pages=reranked.pages, reranker=reranker.name,
+                          fallback_reason=reranked.fallback_reason, timings_ms=timings), timings
