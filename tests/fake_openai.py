@@ -63,6 +63,9 @@ class FakeOpenAI:
         self.requests: list[dict] = []
         self.handler = handler
         self.delay_s = 0.0  # sleep before answering (to provoke client timeouts)
+        # llama.cpp's POST /tokenize and /detokenize when set: one token per word here
+        self.tokenizer = False
+        self.tokenize_calls = 0
         self._script: deque = deque()
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -149,6 +152,14 @@ class FakeOpenAI:
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length)
+                if fake.tokenizer and self.path in ("/tokenize", "/detokenize"):
+                    body = json.loads(raw)
+                    fake.tokenize_calls += 1
+                    if self.path == "/tokenize":
+                        self._send(200, {"tokens": [hash(w) % 50000 for w in body["content"].split(" ")]})
+                    else:  # tokens are not reversible here: words of the right count
+                        self._send(200, {"content": " ".join("w" for _ in body["tokens"])})
+                    return
                 if self.path.rstrip("/") != "/v1/chat/completions":
                     self._send(*error(404, f"no route {self.path}"))
                     return
