@@ -79,13 +79,15 @@ class LlamaServer:
     until the model is loaded (GET /health) and stops the process on exit."""
 
     def __init__(self, model: Path | None = None, binary: Path | None = None, context_tokens: int = 8192,
-                 threads: int = 2, port: int | None = None, log: Path | None = None) -> None:
+                 threads: int = 2, port: int | None = None, log: Path | None = None,
+                 extra_args: tuple[str, ...] = ()) -> None:
         self.model = Path(model) if model else find_small_model()
         self.binary = Path(binary) if binary else find_llama_server()
         self.context_tokens = context_tokens
         self.threads = threads
         self.port = port or _free_port()
         self.log = log
+        self.extra_args = tuple(extra_args)
         self._process: subprocess.Popen | None = None
         self._log_file = None
 
@@ -100,7 +102,7 @@ class LlamaServer:
     def start(self, timeout_s: float = 120.0) -> "LlamaServer":
         cmd = [str(self.binary), "--model", str(self.model), "--host", "127.0.0.1", "--port", str(self.port),
                "--ctx-size", str(self.context_tokens), "--threads", str(self.threads), "--parallel", "1",
-               "--no-webui"]
+               "--no-webui", *self.extra_args]
         self._log_file = open(self.log, "wb") if self.log else subprocess.DEVNULL
         self._process = subprocess.Popen(cmd, stdout=self._log_file, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL)
