@@ -20,6 +20,23 @@ Answer parsing (deliberately tolerant of form, strict about content):
   not as "nothing relevant": the model tried to point at pages that do not
   exist, so its judgement is not trusted.
 
+* Answers are untrusted input (page text can steer a model's output): one longer
+  than ``MAX_ANSWER_CHARS`` or nested deeper than ``MAX_JSON_DEPTH`` is malformed
+  before any decoding, the search for the object is linear in the answer's length,
+  and no exception other than ``MalformedAnswer`` leaves ``parse_answer``.
+
+Requests: temperature 0, ``max_tokens`` sized for the answer, and (setting
+``structured_output``) a ``response_format`` JSON schema for the answer, dropped
+for good when the endpoint refuses it. Pools that do not fit the budget (the
+model's context less the answer's room, at most ``token_budget``) are split into
+batches whose rankings are merged; no candidate is dropped to fit.
+
+Time: ``rerank(..., deadline=)`` takes one absolute deadline (a ``Deadline`` or a
+``time.monotonic()`` instant) for everything: every attempt is bounded in total
+wall time by ``timeout_s`` and the deadline (a watchdog shuts its connection), and
+no retry, backoff or batch starts after it; a cancelled deadline (client gone)
+ends the call in flight at once. See ``reranker/llm_runtime.py``.
+
 Failures never raise: after the retries the first-stage order is returned with
 ``RerankResult.fallback_reason`` set to a one-line explanation.
 """
@@ -166,7 +183,7 @@ MAX_ANSWER_CHARS = 64_000
 MAX_JSON_DEPTH = 32
 # Braces and quotes examined while looking for objects, across the whole answer:
 # bounds the scan to linear time whatever the answer's shape.
-_SCAN_BUDGET = 4 * MAX_ANSWER_CHARS
+_SCAN_BUDGET = MAX_ANSWER_CHARS
 _SCAN_TOKEN = re.compile(r'[{}"]')
 _STRING_BODY = re.compile(r'[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 
@@ -719,10 +736,13 @@ class LLMReranker(Reranker):
             return client.chat.completions.create(model=self.model, messages=messages, temperature=0, **extra)
         import httpx
 
+        # a client of its own per attempt (environment proxies honoured as usual), whose
+        # sockets the watchdog can shut without touching other requests
+        http = httpx.Client(timeout=httpx.Timeout(limit), verify=self._ssl(), follow_redirects=True)
         sockets = _SocketRecorder()
-        transport = httpx.HTTPTransport(verify=self._ssl())
-        sockets.install(transport)
-        http = httpx.Client(timeout=httpx.Timeout(limit), transport=transport, follow_redirects=True)
+        for transport in [getattr(http, "_transport", None), *getattr(http, "_mounts", {}).values()]:
+            if transport is not None:
+                sockets.install(transport)
 
         def abort() -> None:
             sockets.shut()  # wakes a read blocked in another thread (closing alone does not)
@@ -784,8 +804,8 @@ class _SocketRecorder:
                             recorder.sockets.append(sock)
                     return stream
 
-            pool = transport._pool
-            if hasattr(pool, "_network_backend"):
+            pool = getattr(transport, "_pool", None)
+            if pool is not None and hasattr(pool, "_network_backend"):
                 pool._network_backend = Backend()
         except Exception:  # another httpx/httpcore layout: rely on the timeouts
             pass
