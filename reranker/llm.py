@@ -51,7 +51,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from evidentia.records import Candidate, RankedPage
+from evidentia.records import Candidate, Query, RankedPage
 from evidentia.reranker.base import Reranker, RerankResult, passthrough
 from evidentia.reranker.llm_runtime import Deadline, watchdog
 
@@ -387,6 +387,7 @@ class LLMReranker(Reranker):
 
     name = "llm"
     outputs_probabilities = False
+    takes_deadline = True
 
     def __init__(
         self,
@@ -438,7 +439,7 @@ class LLMReranker(Reranker):
             pass
 
     @classmethod
-    def from_settings(cls, settings) -> "LLMReranker":
+    def from_settings(cls, settings, threshold: float | None = None) -> "LLMReranker":
         return cls(
             model=settings.llm_model,
             api_key=settings.llm_api_key,
@@ -446,14 +447,14 @@ class LLMReranker(Reranker):
             timeout_s=settings.llm_timeout_s,
             max_retries=settings.llm_max_retries,
             token_budget=settings.llm_token_budget,
-            context_tokens=getattr(settings, "llm_context_tokens", None),
-            structured_output=getattr(settings, "llm_structured_output", "auto"),
-            tokenizer=getattr(settings, "llm_tokenizer", "auto"),
+            context_tokens=settings.llm_context_tokens,
+            structured_output=settings.llm_structured_output,
+            tokenizer=settings.llm_tokenizer,
         )
 
     # ------------------------------------------------------------ public
 
-    def rerank(self, question: str, answer: str, candidates: Sequence[Candidate],
+    def rerank(self, query: Query, candidates: Sequence[Candidate],
                deadline: "Deadline | float | None" = None) -> RerankResult:
         """``deadline``: a ``Deadline`` or an absolute ``time.monotonic()`` instant by
         which everything (queueing, every batch, retry, backoff and read) must be
@@ -466,12 +467,11 @@ class LLMReranker(Reranker):
             info["deadline_s"] = round(deadline.remaining() or 0.0, 3)
         if not candidates:
             return RerankResult(pages=[], info=info)
-        query = question + " " + answer
         texts = [strip_page_words(c.text or "") for c in candidates]
         t0 = time.perf_counter()
         try:
             self._use_tokenizer(info, deadline)
-            batches = self._plan(query, texts)
+            batches = self._plan(query.text, texts)
             info["batches"] = len(batches)
             info["truncated"] = any(b.truncated for b in batches)
             info["token_budget"] = self._budget(max(len(b.indices) for b in batches))

@@ -174,7 +174,7 @@ class LLMRuntime:
 
     async def rerank(self, rerank: Callable[[Deadline], RerankResult], candidates: Sequence[Candidate],
                      deadline: Deadline, disconnected: Callable[[], Awaitable[bool]] | None = None,
-                     poll_s: float = 0.25) -> RerankResult:
+                     poll_s: float = 1.0) -> RerankResult:
         """Run ``rerank(deadline)`` in the executor and await it without holding a
         thread. When the deadline passes or ``disconnected()`` says the client is
         gone, the deadline is cancelled (the watchdog aborts the HTTP request, no

@@ -16,11 +16,13 @@ import pytest
 from evidentia.records import Candidate
 from evidentia.reranker.llama_server import LlamaServer, LocalModelUnavailable, find_llama_server, find_small_model
 from evidentia.reranker.llm import LLMReranker
+from evidentia.retriever.query import build_query
 from evidentia.samples import SAMPLE_ANSWER, SAMPLE_QUESTION, SAMPLE_REPORT_PAGES
 
 pytestmark = pytest.mark.slow
 
 CONTEXT = 4096
+QUERY = build_query(SAMPLE_QUESTION, SAMPLE_ANSWER)
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +50,7 @@ def make(llama: LlamaServer, **kw) -> LLMReranker:
 
 def test_reranks_with_structured_output_and_the_servers_tokenizer(llama):
     candidates = pool()
-    result = make(llama).rerank(SAMPLE_QUESTION, SAMPLE_ANSWER, candidates, deadline=time.monotonic() + 240)
+    result = make(llama).rerank(QUERY, candidates, deadline=time.monotonic() + 240)
     assert result.fallback_reason is None, result.fallback_reason
     info = result.info
     assert info["structured_output"] is True  # llama-server accepted the JSON schema
@@ -65,7 +67,7 @@ def test_a_pool_longer_than_the_context_is_split_and_merged(llama):
     candidates = pool()
     long = [Candidate(doc_id=c.doc_id, page=c.page, score=c.score, text=(c.text + " ") * 6, snippet=c.snippet)
             for c in candidates]
-    result = make(llama, context_tokens=1500).rerank(SAMPLE_QUESTION, SAMPLE_ANSWER, long,
+    result = make(llama, context_tokens=1500).rerank(QUERY, long,
                                                      deadline=time.monotonic() + 240)
     assert result.fallback_reason is None, result.fallback_reason
     assert result.info["batches"] >= 2 and result.info["requests"] >= result.info["batches"]
@@ -75,8 +77,8 @@ def test_a_pool_longer_than_the_context_is_split_and_merged(llama):
 def test_the_deadline_cuts_a_real_generation_and_the_server_stays_usable(llama):
     reranker = make(llama)
     t0 = time.monotonic()
-    result = reranker.rerank(SAMPLE_QUESTION, SAMPLE_ANSWER, pool(), deadline=time.monotonic() + 0.3)
+    result = reranker.rerank(QUERY, pool(), deadline=time.monotonic() + 0.3)
     assert time.monotonic() - t0 < 2.0
     assert "deadline" in result.fallback_reason
-    again = reranker.rerank(SAMPLE_QUESTION, SAMPLE_ANSWER, pool(2), deadline=time.monotonic() + 240)
+    again = reranker.rerank(QUERY, pool(2), deadline=time.monotonic() + 240)
     assert again.fallback_reason is None, again.fallback_reason

@@ -15,6 +15,7 @@ import pytest
 from evidentia.config import Settings
 from evidentia.records import Candidate, RankedPage
 from evidentia.reranker.base import passthrough
+from evidentia.retriever.query import build_query
 from evidentia.reranker.llm import (
     ANSWER_KEY,
     LLMReranker,
@@ -25,8 +26,7 @@ from evidentia.reranker.llm import (
     strip_page_words,
 )
 
-sys.path.insert(0, str(Path(__file__).parent))
-from fake_openai import FakeOpenAI, char_token_estimate, completion, error, server, sleeps  # noqa: E402,F401  (fixtures)
+from tests.utils.fake_openai import FakeOpenAI, char_token_estimate, completion, error, server, sleeps  # noqa: E402,F401  (fixtures)
 
 QUESTION = "Does the supplier report its Scope 1 and 2 emissions?"
 ANSWER = "Yes, 12,450 tCO2e in 2023."
@@ -73,7 +73,7 @@ def bm25_keys(pool) -> list[tuple[str, int]]:
 
 def test_request_shape(server, sleeps):
     server.push_answer(answer(1))
-    make(server, sleeps).rerank(QUESTION, ANSWER, POOL)
+    make(server, sleeps).rerank(build_query(QUESTION, ANSWER), POOL)
     assert len(server.requests) == 1
     req = server.requests[0]
     assert req["model"] == "test-model"
@@ -104,7 +104,7 @@ def test_request_shape(server, sleeps):
 
 def test_page_words_removed_from_contents(server, sleeps):
     server.push_answer(answer(1))
-    make(server, sleeps).rerank("Which page has the pages?", ANSWER, POOL)
+    make(server, sleeps).rerank(build_query("Which page has the pages?", ANSWER), POOL)
     payload = user_payload(server.requests[0])
     pages = payload["pages"]
     assert pages["Page 1"] == "Greenhouse gas emissions: Scope 1 8,000 t, Scope 2 4,450 t (see 14)."
@@ -126,7 +126,7 @@ def test_strip_page_words_whole_words_only():
 
 def test_answer_numbers_map_back_to_real_pages_across_documents(server, sleeps):
     server.push_answer(answer(3, 2, 4))
-    result = make(server, sleeps).rerank(QUESTION, ANSWER, POOL)
+    result = make(server, sleeps).rerank(build_query(QUESTION, ANSWER), POOL)
     assert result.fallback_reason is None
     assert keys(result) == [("report-a", 40), ("report-b", 3), ("report-b", 17)]
     assert all(isinstance(p, RankedPage) for p in result.pages)
@@ -143,7 +143,7 @@ def test_answer_numbers_map_back_to_real_pages_across_documents(server, sleeps):
 
 
 def test_empty_pool_makes_no_request(server, sleeps):
-    result = make(server, sleeps).rerank(QUESTION, ANSWER, [])
+    result = make(server, sleeps).rerank(build_query(QUESTION, ANSWER), [])
     assert result.pages == [] and result.fallback_reason is None
     assert server.requests == []
 
@@ -177,7 +177,7 @@ TOLERATED = [
 @pytest.mark.parametrize("content,expected", [t[1:] for t in TOLERATED], ids=[t[0] for t in TOLERATED])
 def test_tolerated_answers(server, sleeps, content, expected):
     server.push_answer(content)
-    result = make(server, sleeps).rerank(QUESTION, ANSWER, POOL)
+    result = make(server, sleeps).rerank(build_query(QUESTION, ANSWER), POOL)
     assert result.fallback_reason is None
     assert keys(result) == expected
     assert len(server.requests) == 1
@@ -197,7 +197,7 @@ MALFORMED = [
 @pytest.mark.parametrize("content", [t[1] for t in MALFORMED], ids=[t[0] for t in MALFORMED])
 def test_malformed_answer_is_retried_once(server, sleeps, content):
     server.push_answer(content).push_answer(answer(2))
-    result = make(server, sleeps).rerank(QUESTION, ANSWER, POOL)
+    result = make(server, sleeps).rerank(build_query(QUESTION, ANSWER), POOL)
     assert result.fallback_reason is None
     assert keys(result) == [("report-b", 3)]
     assert len(server.requests) == 2
@@ -207,7 +207,7 @@ def test_malformed_answer_is_retried_once(server, sleeps, content):
 @pytest.mark.parametrize("content", [t[1] for t in MALFORMED], ids=[t[0] for t in MALFORMED])
 def test_malformed_twice_falls_back(server, sleeps, content):
     server.push_answer(content).push_answer(content).push_answer(answer(1))
-    result = make(server, sleeps).rerank(QUESTION, ANSWER, POOL)
+    result = make(server, sleeps).rerank(build_query(QUESTION, ANSWER), POOL)
     assert len(server.requests) == 2
     assert result.pages == passthrough(POOL)
     assert result.fallback_reason.startswith("LLM answer unusable after 2 attempts")
@@ -233,7 +233,7 @@ def test_parse_answer_unit():
 def test_retries_on_429_and_500_then_success(server, sleeps):
     server.push(*error(429, "rate limited")).push(*error(500, "boom")).push(*error(502, "bad gw"))
     server.push_answer(answer(2, 1))
-    result = make(server, sleeps, backoff_base_s=0.5).rerank(QUESTION, ANSWER, POOL)
+    result = make(server, sleeps, backoff_base_s=0.5).rerank(build_query(QUESTION, ANSWER), POOL)
     assert result.fallback_reason is None
     assert keys(result) == [("report-b", 3), ("report-a", 12)]
     assert len(server.requests) == 4
@@ -243,7 +243,7 @@ def test_retries_on_429_and_500_then_success(server, sleeps):
 
 def test_no_retry_on_400(server, sleeps):
     server.push(*error(400, "bad request: unknown parameter")).push_answer(answer(1))
-    result = make(server, sleeps).rerank(QUESTION, ANSWER, POOL)
+    result = make(server, sleeps).rerank(build_query(QUESTION, ANSWER), POOL)
     assert len(server.requests) == 1
     assert sleeps == []
     assert result.pages == passthrough(POOL)
@@ -254,7 +254,7 @@ def test_no_retry_on_400(server, sleeps):
 @pytest.mark.parametrize("status", [401, 404, 422])
 def test_no_retry_on_other_4xx(server, sleeps, status):
     server.push(*error(status, "nope"))
-    result = make(server, sleeps).rerank(QUESTION, ANSWER, POOL)
+    result = make(server, sleeps).rerank(build_query(QUESTION, ANSWER), POOL)
     assert len(server.requests) == 1 and sleeps == []
     assert str(status) in result.fallback_reason
 
@@ -262,7 +262,7 @@ def test_no_retry_on_other_4xx(server, sleeps, status):
 def test_final_failure_returns_bm25_order(server, sleeps):
     for _ in range(10):
         server.push(*error(503, "overloaded"))
-    result = make(server, sleeps, max_retries=2).rerank(QUESTION, ANSWER, POOL)
+    result = make(server, sleeps, max_retries=2).rerank(build_query(QUESTION, ANSWER), POOL)
     assert len(server.requests) == 3
     assert sleeps == [1.0, 2.0]
     assert result.pages == passthrough(POOL)
@@ -278,7 +278,7 @@ def test_timeouts_are_retried(sleeps):
         server.push_answer(answer(1)).push_answer(answer(1))
         r = LLMReranker(base_url=server.base_url, api_key="test", timeout_s=0.15, max_retries=1,
                         sleep=sleeps.append)
-        result = r.rerank(QUESTION, ANSWER, POOL)
+        result = r.rerank(build_query(QUESTION, ANSWER), POOL)
     assert len(server.requests) == 2 and sleeps == [1.0]
     assert result.pages == passthrough(POOL)
     assert "timed out" in result.fallback_reason
@@ -290,7 +290,7 @@ def test_connection_errors_are_retried(sleeps):
         port = s.getsockname()[1]
     r = LLMReranker(base_url=f"http://127.0.0.1:{port}/v1", api_key="test", timeout_s=2.0, max_retries=2,
                     sleep=sleeps.append)
-    result = r.rerank(QUESTION, ANSWER, POOL)
+    result = r.rerank(build_query(QUESTION, ANSWER), POOL)
     assert sleeps == [1.0, 2.0] and result.info["requests"] == 3
     assert result.pages == passthrough(POOL)
     assert result.fallback_reason == "LLM unavailable after 3 attempts: connection error; BM25 order returned"
@@ -298,7 +298,7 @@ def test_connection_errors_are_retried(sleeps):
 
 def test_missing_api_key_falls_back(monkeypatch):
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    result = LLMReranker(base_url="http://127.0.0.1:9/v1").rerank(QUESTION, ANSWER, POOL)
+    result = LLMReranker(base_url="http://127.0.0.1:9/v1").rerank(build_query(QUESTION, ANSWER), POOL)
     assert result.pages == passthrough(POOL)
     assert result.fallback_reason.startswith("LLM not configured")
 
@@ -324,7 +324,7 @@ def relevant_reversed(request: dict) -> str:
 def test_pool_that_fits_is_sent_whole(server, sleeps):
     server.handler = relevant_reversed
     pool = long_pool(5, {1, 3}, chars=400)
-    result = make(server, sleeps, token_budget=12000).rerank(QUESTION, ANSWER, pool)
+    result = make(server, sleeps, token_budget=12000).rerank(build_query(QUESTION, ANSWER), pool)
     assert len(server.requests) == 1
     assert user_payload(server.requests[0])["pages"]["Page 2"] == pool[1].text
     assert result.info["truncated"] is False and result.info["batches"] == 1
@@ -336,7 +336,7 @@ def test_token_budget_truncates_pages_into_one_request(server, sleeps):
     pool = long_pool(5, {1, 3})
     full = LLMReranker.build_messages(QUESTION + " " + ANSWER, [c.text for c in pool])
     assert estimate_messages_tokens(full) > budget  # the pool does not fit as it is
-    result = make(server, sleeps, token_budget=budget).rerank(QUESTION, ANSWER, pool)
+    result = make(server, sleeps, token_budget=budget).rerank(build_query(QUESTION, ANSWER), pool)
     assert len(server.requests) == 1
     assert estimate_messages_tokens(server.requests[0]["messages"]) <= budget
     sent = user_payload(server.requests[0])["pages"]
@@ -350,7 +350,7 @@ def test_token_budget_splits_pool_and_merges_round_robin(server, sleeps):
     server.handler = relevant_reversed
     budget = 2500
     pool = long_pool(20, {0, 3, 7, 12, 18})
-    result = make(server, sleeps, token_budget=budget).rerank(QUESTION, ANSWER, pool)
+    result = make(server, sleeps, token_budget=budget).rerank(build_query(QUESTION, ANSWER), pool)
     assert result.fallback_reason is None
     assert len(server.requests) == result.info["batches"] == result.info["requests"] > 1
     for req in server.requests:
@@ -371,7 +371,7 @@ def test_token_budget_splits_pool_and_merges_round_robin(server, sleeps):
 def test_failure_in_one_batch_falls_back_for_the_whole_pool(server, sleeps):
     pool = long_pool(20, {0})
     server.push_answer(answer(1)).push(*error(400, "context too long"))
-    result = make(server, sleeps, token_budget=2500).rerank(QUESTION, ANSWER, pool)
+    result = make(server, sleeps, token_budget=2500).rerank(build_query(QUESTION, ANSWER), pool)
     assert result.pages == passthrough(pool)
     assert "400" in result.fallback_reason
 
@@ -391,7 +391,7 @@ def injected_pool() -> list[Candidate]:
 
 def test_injected_text_is_sent_as_json_data_only(server, sleeps):
     server.push_answer(answer(1, 3))
-    result = make(server, sleeps).rerank(QUESTION, ANSWER, injected_pool())
+    result = make(server, sleeps).rerank(build_query(QUESTION, ANSWER), injected_pool())
     messages = server.requests[0]["messages"]
     system, user = messages[0]["content"], messages[-1]["content"]
     # (a) inside the JSON user message, json-escaped within the pages object
@@ -422,7 +422,7 @@ OBEYING_ANSWERS = [
 def test_model_obeying_injection_does_not_change_output(server, sleeps, content, expected):
     pool = injected_pool()
     server.handler = lambda request: content  # the model "obeys" every time
-    result = make(server, sleeps).rerank(QUESTION, ANSWER, pool)
+    result = make(server, sleeps).rerank(build_query(QUESTION, ANSWER), pool)
     pool_keys = set(bm25_keys(pool))
     assert all(isinstance(p, RankedPage) for p in result.pages)
     assert all((p.doc_id, p.page) in pool_keys for p in result.pages)
@@ -442,8 +442,8 @@ def test_model_obeying_injection_does_not_change_output(server, sleeps, content,
 def test_structured_output_auto_sends_the_schema_when_accepted(server, sleeps):
     server.push_answer(answer(2)).push_answer(answer(1))
     reranker = make(server, sleeps, structured_output="auto")
-    first = reranker.rerank(QUESTION, ANSWER, POOL)
-    reranker.rerank(QUESTION, ANSWER, POOL)
+    first = reranker.rerank(build_query(QUESTION, ANSWER), POOL)
+    reranker.rerank(build_query(QUESTION, ANSWER), POOL)
     assert first.info["structured_output"] is True and keys(first) == [("report-b", 3)]
     for req in server.requests:
         fmt = req["response_format"]
@@ -460,18 +460,18 @@ def test_structured_output_auto_falls_back_to_the_plain_prompt_and_remembers(ser
     server.push(*error(status, "response_format is not supported"))
     server.push_answer(answer(3)).push_answer(answer(1))
     reranker = make(server, sleeps, structured_output="auto")
-    first = reranker.rerank(QUESTION, ANSWER, POOL)
+    first = reranker.rerank(build_query(QUESTION, ANSWER), POOL)
     assert first.fallback_reason is None and keys(first) == [("report-a", 40)]
     assert first.info["structured_output"] is False and "not supported" in first.info["structured_output_refused"]
     assert sleeps == []  # the plain retry is immediate, not a backoff
-    second = reranker.rerank(QUESTION, ANSWER, POOL)
+    second = reranker.rerank(build_query(QUESTION, ANSWER), POOL)
     assert second.fallback_reason is None
     assert ["response_format" in r for r in server.requests] == [True, False, False]  # remembered
 
 
 def test_structured_output_on_reports_a_refusal(server, sleeps):
     server.push(*error(400, "response_format is not supported"))
-    result = make(server, sleeps, structured_output="on").rerank(QUESTION, ANSWER, POOL)
+    result = make(server, sleeps, structured_output="on").rerank(build_query(QUESTION, ANSWER), POOL)
     assert result.pages == passthrough(POOL) and len(server.requests) == 1
     assert result.fallback_reason.startswith("LLM request rejected: 400")
 
@@ -498,7 +498,7 @@ LONG_POOL = [cand("report-c", k, f"Emissions page {k}. " + "word " * 600, 20.0 -
 def test_context_size_splits_a_long_pool_into_batches_without_dropping_pages(server, sleeps):
     server.handler = lambda request: answer(*range(1, len(user_payload(request)["pages"]) + 1))
     context = 2500
-    result = make(server, sleeps, context_tokens=context, token_budget=100_000).rerank(QUESTION, ANSWER, LONG_POOL)
+    result = make(server, sleeps, context_tokens=context, token_budget=100_000).rerank(build_query(QUESTION, ANSWER), LONG_POOL)
     assert result.fallback_reason is None
     assert result.info["batches"] == len(server.requests) > 1
     sent = [len(p["pages"]) for p in map(user_payload, server.requests)]
@@ -511,7 +511,7 @@ def test_context_size_splits_a_long_pool_into_batches_without_dropping_pages(ser
 
 
 def test_context_size_too_small_for_the_prompt_falls_back_with_the_reason(server, sleeps):
-    result = make(server, sleeps, context_tokens=300).rerank(QUESTION, ANSWER, POOL)
+    result = make(server, sleeps, context_tokens=300).rerank(build_query(QUESTION, ANSWER), POOL)
     assert server.requests == [] and result.pages == passthrough(POOL)
     assert "too small for the prompt" in result.fallback_reason and "EVIDENTIA_LLM_CONTEXT_TOKENS" in result.fallback_reason
 
@@ -519,16 +519,16 @@ def test_context_size_too_small_for_the_prompt_falls_back_with_the_reason(server
 def test_server_tokenizer_counts_with_the_endpoint(server, sleeps):
     server.tokenizer = True  # one token per word: more tokens than 4 characters a token for "word word ..."
     server.handler = lambda request: answer(1)
-    result = make(server, sleeps, tokenizer="server", context_tokens=4000).rerank(QUESTION, ANSWER, LONG_POOL)
+    result = make(server, sleeps, tokenizer="server", context_tokens=4000).rerank(build_query(QUESTION, ANSWER), LONG_POOL)
     assert result.info["tokenizer"] == "server" and server.tokenize_calls > 1
     assert result.fallback_reason is None and result.info["batches"] == len(server.requests) >= 2
-    chars = make(server, sleeps, tokenizer="chars", context_tokens=4000).rerank(QUESTION, ANSWER, LONG_POOL)
+    chars = make(server, sleeps, tokenizer="chars", context_tokens=4000).rerank(build_query(QUESTION, ANSWER), LONG_POOL)
     assert chars.info["tokenizer"] == "chars/4"
 
 
 def test_server_tokenizer_absent_uses_the_estimate(server, sleeps):
     server.push_answer(answer(1))
-    result = make(server, sleeps, tokenizer="auto").rerank(QUESTION, ANSWER, POOL)
+    result = make(server, sleeps, tokenizer="auto").rerank(build_query(QUESTION, ANSWER), POOL)
     assert result.info["tokenizer"] == "chars/4" and result.fallback_reason is None
 
 
@@ -536,5 +536,5 @@ def test_usage_tokens_are_reported(server, sleeps):
     body = completion(answer(1))
     body["usage"] = {"prompt_tokens": 321, "completion_tokens": 9, "total_tokens": 330}
     server.push(200, body)
-    result = make(server, sleeps).rerank(QUESTION, ANSWER, POOL)
+    result = make(server, sleeps).rerank(build_query(QUESTION, ANSWER), POOL)
     assert (result.info["prompt_tokens"], result.info["completion_tokens"]) == (321, 9)

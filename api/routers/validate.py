@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 
@@ -10,23 +11,27 @@ from fastapi.concurrency import run_in_threadpool
 
 from evidentia.api.deps import Caller, deadline, get_services, require_backend, require_tenant, run_blocking
 from evidentia.api.errors import ApiError, errors
-from evidentia.api.indexing import internal_id, split_internal_id
+from evidentia.tenants import internal_id, split_internal_id
 from evidentia.api.routers.documents import not_ready_message
 from evidentia.api.schemas import ErrorResponse, ValidatedPage, ValidateRequest, ValidateResponse
-from evidentia.api.services import Services, default_threshold, model_version
-from evidentia.api.store import ValidationRow, now
+from evidentia.api.services import Services
 from evidentia.config import ConfigError
-from evidentia.pipeline import Pipeline, PipelineResult
-from evidentia.reranker.llm import LLMReranker
+from evidentia.engine import RunConfig, RunConfigError, SearchResult
+from evidentia.reranker.base import NoReranker, Reranker
 from evidentia.reranker.llm_runtime import Deadline, deadline_margin
-from evidentia.reranker.registry import reranker_names
+from evidentia.store import ValidationRow, now
 from evidentia.retriever.base import BackendError, MissingVectorsError, UnknownDocumentError, VectorModelError
 
 router = APIRouter(tags=["validation"])
 
 
-def _limits(services: Services, body: ValidateRequest) -> tuple[list[str], int, str, str]:
-    """Checks the limits that depend on settings (the static ones are in the schema)."""
+# How the API names each run option of Engine.config in its errors.
+BODY_FIELDS = {"stage": "stage", "reranker": "reranker", "threshold": "threshold", "pool_size": "top_k"}
+
+
+def _limits(services: Services, body: ValidateRequest) -> tuple[list[str], RunConfig]:
+    """Checks the limits that depend on settings (the static ones are in the schema)
+    and the run options (through the engine, the one place they are checked)."""
     s = services.settings
     problems: list[dict] = []
 
@@ -43,24 +48,17 @@ def _limits(services: Services, body: ValidateRequest) -> tuple[list[str], int, 
     if len(document_ids) > s.max_documents_per_validation:
         problem("document_ids", f"at most {s.max_documents_per_validation} documents per validation "
                 f"(got {len(document_ids)})")
-    top_k = body.top_k if body.top_k is not None else s.pool_size
-    if top_k > s.max_top_k:
-        problem("top_k", f"at most {s.max_top_k} (got {top_k})")
-    name = (body.reranker or s.default_reranker).strip().lower()
-    if name not in reranker_names():
-        problem("reranker", f"unknown reranker {name!r}; choose one of {', '.join(reranker_names())}")
-    elif body.threshold is not None and name == "none":
-        problem("threshold", "a threshold needs a reranker that outputs probabilities (e.g. classifier)")
-    stage = body.stage or s.stage
-    if stage != "bm25" and not s.dense:
-        source = "" if body.stage else " (the server's default, EVIDENTIA_STAGE)"
-        problem("stage", f"the {stage} stage{source} needs dense retrieval, which is off on this server: "
-                "enable it with EVIDENTIA_DENSE=on (and upload the documents again so that their pages get "
-                "embeddings), or send \"stage\": \"bm25\"")
+    config = None
+    try:
+        config = services.engine.config(stage=body.stage, reranker=body.reranker, threshold=body.threshold,
+                                        pool_size=body.top_k)
+    except RunConfigError as exc:
+        for option, message in exc.problems:
+            problem(BODY_FIELDS.get(option, option), message)
     if problems:
         raise ApiError(422, "validation_error", "; ".join(f"{'.'.join(p['loc'])}: {p['message']}" for p in problems),
                        problems)
-    return document_ids, top_k, name, stage
+    return document_ids, config
 
 
 def _external(doc_ids) -> list[str]:
@@ -92,7 +90,7 @@ def _external(doc_ids) -> list[str]:
 )
 async def validate(body: ValidateRequest, request: Request, caller: Caller = Depends(require_tenant),
                    services: Services = Depends(get_services)) -> ValidateResponse:
-    document_ids, top_k, name, stage = _limits(services, body)
+    document_ids, config = _limits(services, body)
     rows = await run_in_threadpool(services.store.get_documents, caller.tenant, document_ids)
     missing = [d for d in document_ids if d not in rows]
     if missing:
@@ -102,40 +100,31 @@ async def validate(body: ValidateRequest, request: Request, caller: Caller = Dep
     if not_ready:
         raise ApiError(409, "document_not_ready", "; ".join(not_ready_message(r) for r in not_ready),
                        [{"document_id": r.document_id, "status": r.status, "reason": r.reason} for r in not_ready])
-    backend = require_backend(services)
-    threshold = default_threshold(services.settings, name, body.threshold)
+    require_backend(services)
+    engine = services.engine
     until = deadline(services)
-    question, answer = body.question.strip(), body.answer.strip()
-    # the LLM reranks after the first stage, outside the shared thread pool (awaited below)
-    llm = name == "llm"
+    stage = config.stage
 
     def work():
-        t0 = time.perf_counter()
         try:
-            reranker = services.rerankers.get(name, threshold)
+            reranker = engine.reranker(config)
         except ConfigError as exc:
-            raise ApiError(503, "reranker_unavailable", f"reranker {name!r} cannot be loaded: {exc}") from None
-        embedder = None
+            raise ApiError(503, "reranker_unavailable", f"reranker {config.reranker!r} cannot be loaded: {exc}") from None
         if stage != "bm25":
             try:
-                embedder = services.load_embedder()
+                engine.load_embedder()
             except ConfigError as exc:
                 raise ApiError(503, "embedder_unavailable", f"the embedding model for the {stage} stage cannot "
                                f"be loaded: {exc}") from None
-        t1 = time.perf_counter()
-        pipeline = Pipeline.from_settings(services.settings, backend, services.detector, None if llm else reranker,
-                                          stage=stage,
-                                          embedder=embedder, pool_size=top_k)
-        with services.rerankers.gate(name, until) as waited:
-            if time.monotonic() > until:
-                raise TimeoutError
-            result = pipeline.run(question, answer, [internal_id(caller.tenant, d) for d in document_ids])
-        timings = {"load": (t1 - t0) * 1000, "queue": waited * 1000, **result.timings_ms,
-                   "total": (time.perf_counter() - t0) * 1000}
-        return reranker, result, timings
+        query = engine.query(body.question, body.answer)
+        # a reranker that waits on a remote model (the LLM) runs after this, awaited
+        # outside the shared thread pool (see _rerank_awaited)
+        first = NoReranker() if reranker.takes_deadline else reranker
+        return reranker, engine.run(query, [internal_id(caller.tenant, d) for d in document_ids], config,
+                                    reranker=first, deadline=until)
 
     try:
-        reranker, result, timings = await run_blocking(services, work)
+        reranker, result = await run_blocking(services, work)
     except UnknownDocumentError as exc:
         gone = _external(exc.doc_ids)
         raise ApiError(409, "document_gone", f"document(s) {', '.join(gone)} are missing from the search index; "
@@ -152,8 +141,8 @@ async def validate(body: ValidateRequest, request: Request, caller: Caller = Dep
                        {"document_ids": _external(exc.doc_ids), "stage": stage}) from None
     except BackendError as exc:
         raise ApiError(503, "backend_unavailable", f"search engine error: {exc}") from None
-    if llm:
-        result, timings = await _llm_rerank(services, request, reranker, question, answer, result, timings, until)
+    if reranker.takes_deadline:
+        result = await _rerank_awaited(services, request, reranker, result, until)
 
     pages = [
         ValidatedPage(document_id=(split_internal_id(p.doc_id) or ("", p.doc_id))[1], page=p.page,
@@ -161,10 +150,12 @@ async def validate(body: ValidateRequest, request: Request, caller: Caller = Dep
                       probability=None if p.probability is None else round(p.probability, 6), snippet=p.snippet)
         for p in result.pages
     ]
-    version = model_version(reranker)
+    version = result.model_version
+    timings = result.timings_ms
     validation = ValidationRow(
-        validation_id=f"val_{uuid.uuid4().hex}", tenant=caller.tenant, question=question, answer=answer,
-        document_ids=document_ids, reranker=result.reranker, threshold=threshold, top_k=top_k,
+        validation_id=f"val_{uuid.uuid4().hex}", tenant=caller.tenant, question=result.query.question,
+        answer=result.query.answer, document_ids=document_ids, reranker=result.reranker, threshold=config.threshold,
+        top_k=config.pool_size,
         pages=[{"document_id": p.document_id, "page": p.page, "score": p.score, "probability": p.probability}
                for p in pages],
         model_version=version, fallback_reason=result.fallback_reason, created=now(),
@@ -180,19 +171,19 @@ async def validate(body: ValidateRequest, request: Request, caller: Caller = Dep
                             timings_ms={k: round(v, 2) for k, v in timings.items()}, model_version=version)
 
 
-async def _llm_rerank(services: Services, request: Request, reranker, question: str, answer: str,
-                      first: PipelineResult, timings: dict, until: float) -> tuple[PipelineResult, dict]:
-    """The LLM rerank of the first-stage pool in the LLM executor, by the request's
-    deadline less a margin; the first-stage order with the reason when it passes
-    or the client disconnects (the LLM work is cancelled then)."""
+async def _rerank_awaited(services: Services, request: Request, reranker: Reranker, first: SearchResult,
+                          until: float) -> SearchResult:
+    """The LLM rerank of the first-stage pool in the LLM executor, awaited without a
+    thread of the shared pool, by the request's deadline less a margin; the
+    first-stage order with the reason when it passes or the client disconnects
+    (the LLM work is cancelled then)."""
     deadline = Deadline(until - deadline_margin(services.settings.request_timeout_s))
     t0 = time.perf_counter()
-    bounded = isinstance(reranker, LLMReranker)  # a stand-in (tests) may not take a deadline
     reranked = await services.llm.rerank(
-        lambda d: (reranker.rerank(question, answer, first.candidates, deadline=d) if bounded
-                   else reranker.rerank(question, answer, first.candidates)),
-        first.candidates, deadline, disconnected=request.is_disconnected)
+        lambda d: reranker.rerank(first.query, first.candidates, deadline=d), first.candidates, deadline,
+        disconnected=request.is_disconnected)
     rerank_ms = (time.perf_counter() - t0) * 1000
-    timings = {**timings, "rerank": rerank_ms, "total": timings["total"] + rerank_ms}
-    return PipelineResult(candidates=first.candidates, pages=reranked.pages, reranker=reranker.name,
-                          fallback_reason=reranked.fallback_reason, timings_ms=timings), timings
+    timings = {**first.timings_ms, "rerank": rerank_ms, "total": first.timings_ms.get("total", 0.0) + rerank_ms}
+    return dataclasses.replace(first, pages=reranked.pages, reranker=reranker.name,
+                               fallback_reason=reranked.fallback_reason, model_version=reranker.model_version,
+                               info=reranked.info, timings_ms=timings)

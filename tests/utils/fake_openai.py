@@ -16,6 +16,8 @@ body, status 200).  Every request body is recorded in ``requests``.
 from __future__ import annotations
 
 import json
+import select
+import socket
 import threading
 import time
 from collections import deque
@@ -174,7 +176,7 @@ class FakeOpenAI:
                 try:
                     answer = fake._respond(request)
                     if answer is HANG:
-                        fake._stopping.wait(60)
+                        self._hang()
                         return
                     if isinstance(answer, Drip):
                         self._drip(answer)
@@ -185,6 +187,18 @@ class FakeOpenAI:
                 finally:
                     with fake._lock:
                         fake.in_flight -= 1
+
+            def _hang(self) -> None:
+                """Answer nothing until the client closes the connection (so that
+                ``in_flight`` counts the connections the client still holds)."""
+                while not fake._stopping.is_set():
+                    readable, _, _ = select.select([self.connection], [], [], 0.2)
+                    if readable:
+                        try:
+                            if not self.connection.recv(1, socket.MSG_PEEK):
+                                return  # closed by the client
+                        except OSError:
+                            return
 
             def _drip(self, drip: Drip) -> None:
                 try:
