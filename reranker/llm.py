@@ -429,6 +429,7 @@ class LLMReranker(Reranker):
         # per endpoint (this instance talks to one): does it accept response_format?
         # None until known; set by the first answer or refusal (auto mode)
         self._schema_supported: bool | None = None
+        self._max_tokens_supported = True  # False once the endpoint refused the answer cap
         self._counter: "_ServerTokenizer | _CharTokenizer | None" = None
         self._counter_probed = False
         self._ssl_context = None
@@ -671,7 +672,8 @@ class LLMReranker(Reranker):
             schema = n is not None and self._wants_schema()
             extra: dict = {}
             if n is not None:
-                extra["max_tokens"] = answer_token_reserve(n)
+                if self._max_tokens_supported:
+                    extra["max_tokens"] = answer_token_reserve(n)
                 if schema:
                     extra["response_format"] = answer_schema(n)
             info["requests"] += 1
@@ -685,6 +687,14 @@ class LLMReranker(Reranker):
                     raise LLMFailure(self._late(deadline, attempt, exc)) from None
                 error = exc
             except openai.APIStatusError as exc:
+                if ("max_tokens" in extra and exc.status_code in _UNSUPPORTED_STATUSES
+                        and "max_tokens" in _describe(exc) + str(getattr(exc, "body", ""))):
+                    # e.g. OpenAI's reasoning models take max_completion_tokens only: ask
+                    # again without the cap, and remember
+                    self._max_tokens_supported = False
+                    info["max_tokens_refused"] = _describe(exc)
+                    attempt -= 1
+                    continue
                 if (schema and self.structured_output == "auto" and exc.status_code in _UNSUPPORTED_STATUSES
                         and self._schema_supported is None):
                     # the endpoint may not know response_format: ask again with the plain prompt

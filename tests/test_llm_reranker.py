@@ -538,3 +538,14 @@ def test_usage_tokens_are_reported(server, sleeps):
     server.push(200, body)
     result = make(server, sleeps).rerank(build_query(QUESTION, ANSWER), POOL)
     assert (result.info["prompt_tokens"], result.info["completion_tokens"]) == (321, 9)
+
+
+def test_an_endpoint_refusing_max_tokens_is_asked_without_it_and_remembered(server, sleeps):
+    server.push(*error(400, "Unsupported parameter: 'max_tokens' is not supported with this model. "
+                            "Use 'max_completion_tokens' instead."))
+    server.push_answer(answer(2)).push_answer(answer(1))
+    reranker = make(server, sleeps)
+    first = reranker.rerank(build_query(QUESTION, ANSWER), POOL)
+    reranker.rerank(build_query(QUESTION, ANSWER), POOL)
+    assert first.fallback_reason is None and keys(first) == [("report-b", 3)] and sleeps == []
+    assert ["max_tokens" in r for r in server.requests] == [True, False, False]

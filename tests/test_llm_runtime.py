@@ -177,6 +177,29 @@ def test_answers_still_found_after_the_hardening():
     assert parse_answer('{"thoughts": "{unbalanced"} {"' + ANSWER_KEY + '": [2]}', 5) == [2]
 
 
+# ------------------------------------------------------------------ through the engine
+
+class _PoolBackend:
+    """The first stage's answer, whatever the query (Engine.run only calls search)."""
+
+    def search(self, keywords, doc_ids, top_k):
+        return POOL[:top_k]
+
+
+def test_engine_run_hands_its_deadline_to_the_llm(server):
+    from evidentia.config import Settings
+    from evidentia.engine import Engine, RunConfig
+
+    server.handler = lambda request: HANG
+    reranker = make(server)
+    engine = Engine(Settings(), backend=_PoolBackend())
+    result, took = timed(lambda: engine.run(QUERY, ["report-a"], RunConfig(reranker="llm", pool_size=5),
+                                            reranker=reranker, deadline=time.monotonic() + 1.0))
+    assert took < 2.0, took
+    assert result.reranker == "llm" and [p.page for p in result.pages] == [c.page for c in POOL]
+    assert "deadline" in result.fallback_reason and result.info["requests"] == 1
+
+
 # ------------------------------------------------------------------ the executor the API uses
 
 def test_runtime_bounds_concurrency_and_answers_by_the_deadline(server):
