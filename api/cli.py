@@ -38,7 +38,7 @@ def serve_command(
     uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=10)
 
 
-keys_app = typer.Typer(no_args_is_help=True, help="API keys of the validation API (written to its store).")
+keys_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="API keys of the validation API (written to its store).")
 
 
 def _store():
