@@ -50,6 +50,12 @@ class RecordingProxy:
                 took = time.perf_counter() - t0
                 if self.path.endswith("/chat/completions"):
                     usage = (r.json().get("usage") or {}) if r.status_code == 200 else {}
+                    try:
+                        content = r.json()["choices"][0]["message"]["content"]
+                    except Exception:
+                        content = r.text[:200]
+                    print(f"  LLM request {len(proxy.records) + 1}: {r.status_code} in {took:.1f} s, "
+                          f"usage {usage}, answer {content!r:.120}", flush=True)
                     proxy.records.append({"status": r.status_code, "seconds": took,
                                           "schema": b"response_format" in body,
                                           "prompt_tokens": usage.get("prompt_tokens", 0),
@@ -103,6 +109,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--data-dir", type=Path, default=None, help="index folder (kept between runs; default: a temp dir)")
     ap.add_argument("--structured-output", default="auto")
+    ap.add_argument("--token-budget", type=int, default=12000,
+                    help="EVIDENTIA_LLM_TOKEN_BUDGET: prompt tokens per request (pages are truncated to fit)")
     args = ap.parse_args()
 
     lines = [line for line in args.queries.read_text(encoding="utf-8").splitlines() if line.strip()][: args.limit]
@@ -123,13 +131,14 @@ def main() -> None:
         env.update({"EVIDENTIA_LLM_BASE_URL": proxy.base_url, "EVIDENTIA_LLM_API_KEY": "local",
                     "EVIDENTIA_LLM_MODEL": server.model_name, "EVIDENTIA_LLM_CONTEXT_TOKENS": str(args.context),
                     "EVIDENTIA_LLM_STRUCTURED_OUTPUT": args.structured_output,
-                    "EVIDENTIA_LLM_TIMEOUT_S": "300", "EVIDENTIA_LLM_MAX_RETRIES": "1"})
+                    "EVIDENTIA_LLM_TOKEN_BUDGET": str(args.token_budget),
+                    "EVIDENTIA_LLM_TIMEOUT_S": "600", "EVIDENTIA_LLM_MAX_RETRIES": "1"})
         both, both_s, cmd = run_eval(args, subset, "hybrid,hybrid+llm", env)
     records = proxy.records
     n = len(lines)
     print("command:", " ".join(cmd[:1] + [c if not str(c).startswith(str(work)) else "<subset>" for c in cmd[1:]]))
     print(f"queries: {n} (first {n} of {args.queries}), pool {args.pool_size}, context {args.context}, "
-          f"model {server.model.name}, threads {args.threads}")
+          f"token budget {args.token_budget}, model {server.model.name}, threads {args.threads}")
     keys = ("P@1", "P@3", "R@3", "MRR", "nDCG@10", "fallbacks")
     for label, summary in (("hybrid", both["configs"]["hybrid"]), ("hybrid+llm", both["configs"]["hybrid+llm"])):
         print(f"{label:12s} " + "  ".join(f"{k} {summary.get(k, float('nan')):.3f}" if k != "fallbacks"
