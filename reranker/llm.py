@@ -375,6 +375,17 @@ def answer_schema(n: int) -> dict:
     }
 
 
+def answer_grammar(n: int) -> str:
+    """A GBNF grammar (llama.cpp's ``grammar`` field) for the compact answer
+    ``{"re-ranked_page_numbers": [3, 1]}`` with at most ``n`` numbers. Used instead
+    of the JSON schema on llama.cpp servers: the schema's grammar lets a small model
+    fill its answer with whitespace until ``max_tokens`` (seen with SmolLM2-135M on
+    10-K pages), this one has no room for any."""
+    more = f' (", " num){{0,{n - 1}}}' if n > 1 else ""
+    return ('root ::= "{\\"' + ANSWER_KEY + '\\": [" (num' + more + ')? "]}"\n'
+            'num ::= [1-9] [0-9]{0,3}\n')
+
+
 def answer_token_reserve(n: int) -> int:
     """Completion tokens an answer for ``n`` pages needs at most (the braces and key,
     then up to n numbers with separators); sent as ``max_tokens`` so a model that
@@ -430,6 +441,7 @@ class LLMReranker(Reranker):
         # None until known; set by the first answer or refusal (auto mode)
         self._schema_supported: bool | None = None
         self._max_tokens_supported = True  # False once the endpoint refused the answer cap
+        self._llamacpp = False  # a llama.cpp server (found by the tokenizer probe): takes a GBNF grammar
         self._counter: "_ServerTokenizer | _CharTokenizer | None" = None
         self._counter_probed = False
         self._ssl_context = None
@@ -542,6 +554,7 @@ class LLMReranker(Reranker):
                     counter = _ServerTokenizer(self.base_url, min(5.0, deadline.remaining() or 5.0), self._ssl())
                     if counter.works():
                         self._counter = counter
+                        self._llamacpp = True  # /tokenize answers as llama.cpp's does
                     else:
                         counter.close()
                     self._counter_probed = True
@@ -677,7 +690,9 @@ class LLMReranker(Reranker):
             if n is not None:
                 if self._max_tokens_supported:
                     extra["max_tokens"] = answer_token_reserve(n)
-                if schema:
+                if schema and self._llamacpp:
+                    extra["extra_body"] = {"grammar": answer_grammar(n)}
+                elif schema:
                     extra["response_format"] = answer_schema(n)
             info["requests"] += 1
             attempt += 1
@@ -714,6 +729,8 @@ class LLMReranker(Reranker):
                 if schema and self._schema_supported is None:
                     self._schema_supported = True
                 info["structured_output"] = schema
+                if schema:
+                    info["structured_output_kind"] = "grammar" if "extra_body" in extra else "json_schema"
                 _add_usage(info, response)
                 try:
                     return response.choices[0].message.content

@@ -53,7 +53,7 @@ def test_reranks_with_structured_output_and_the_servers_tokenizer(llama):
     result = make(llama).rerank(QUERY, candidates, deadline=time.monotonic() + 240)
     assert result.fallback_reason is None, result.fallback_reason
     info = result.info
-    assert info["structured_output"] is True  # llama-server accepted the JSON schema
+    assert info["structured_output"] is True and info["structured_output_kind"] == "grammar"  # llama.cpp found
     assert info["tokenizer"] == "server" and info["batches"] == 1
     assert info["requests"] == 1 and info.get("malformed_answers", 0) == 0  # the schema made it parseable
     assert info["prompt_tokens"] > 0 and info["completion_tokens"] > 0  # counted by the server

@@ -21,6 +21,7 @@ from evidentia.reranker.llm import (
     LLMReranker,
     MalformedAnswer,
     estimate_messages_tokens,
+    answer_grammar,
     answer_token_reserve,
     parse_answer,
     strip_page_words,
@@ -549,3 +550,15 @@ def test_an_endpoint_refusing_max_tokens_is_asked_without_it_and_remembered(serv
     reranker.rerank(build_query(QUESTION, ANSWER), POOL)
     assert first.fallback_reason is None and keys(first) == [("report-b", 3)] and sleeps == []
     assert ["max_tokens" in r for r in server.requests] == [True, False, False]
+
+
+def test_a_llama_cpp_server_gets_a_compact_grammar_instead_of_the_schema(server, sleeps):
+    server.tokenizer = True  # answers /tokenize as llama.cpp does
+    server.push_answer(answer(2, 1))
+    result = make(server, sleeps, structured_output="auto").rerank(build_query(QUESTION, ANSWER), POOL)
+    assert result.fallback_reason is None and result.info["structured_output_kind"] == "grammar"
+    req = server.requests[0]
+    assert "response_format" not in req
+    assert req["grammar"] == answer_grammar(4)
+    assert '(", " num){0,3}' in req["grammar"] and '"]}"' in req["grammar"]  # at most 4 numbers, no whitespace
+    assert '(", " num)' not in answer_grammar(1)  # one page: at most one number
