@@ -26,8 +26,8 @@ Answer parsing (deliberately tolerant of form, strict about content):
   and no exception other than ``MalformedAnswer`` leaves ``parse_answer``.
 
 Requests: temperature 0, ``max_tokens`` sized for the answer, and (setting
-``structured_output``) a ``response_format`` JSON schema for the answer, dropped
-for good when the endpoint refuses it. Pools that do not fit the budget (the
+``structured_output``) a ``response_format`` JSON schema for the answer (a GBNF
+``grammar`` on llama.cpp servers), dropped for good when the endpoint refuses it. Pools that do not fit the budget (the
 model's context less the answer's room, at most ``token_budget``) are split into
 batches whose rankings are merged; no candidate is dropped to fit.
 
