@@ -62,6 +62,7 @@ RECALL_THRESHOLD = 0.30
 MIN_PAGE_TOKENS = 300
 # Tokens added per chat message (role, separators) and per request (reply priming).
 _MESSAGE_OVERHEAD = 4
+_CONTEXT_SLACK = 32
 _REQUEST_OVERHEAD = 3
 _ELLIPSIS = " …"
 
@@ -527,7 +528,9 @@ class LLMReranker(Reranker):
         and within the model's context (EVIDENTIA_LLM_CONTEXT_TOKENS) room for the answer."""
         if self.context_tokens is None:
             return self.token_budget
-        return min(self.token_budget, self.context_tokens - answer_token_reserve(n))
+        # the slack covers chat templates that spend a few more tokens a message than
+        # estimated (SmolLM2's: the server counted 4,001 where 4,000 were estimated)
+        return min(self.token_budget, self.context_tokens - answer_token_reserve(n) - _CONTEXT_SLACK)
 
     def _count(self, text: str) -> int:
         return self._counter.count(text) if self._counter is not None else count_tokens(text)
