@@ -57,7 +57,7 @@ class RecordingProxy:
                     print(f"  LLM request {len(proxy.records) + 1}: {r.status_code} in {took:.1f} s, "
                           f"usage {usage}, answer {content!r:.120}", flush=True)
                     proxy.records.append({"status": r.status_code, "seconds": took,
-                                          "schema": b"response_format" in body,
+                                          "schema": b"response_format" in body or b'"grammar"' in body,
                                           "prompt_tokens": usage.get("prompt_tokens", 0),
                                           "completion_tokens": usage.get("completion_tokens", 0)})
                 self.send_response(r.status_code)
@@ -144,8 +144,8 @@ def main() -> None:
         print(f"{label:12s} " + "  ".join(f"{k} {summary.get(k, float('nan')):.3f}" if k != "fallbacks"
                                              else f"fallbacks {summary.get(k, 0)}" for k in keys))
     ok = [r for r in records if r["status"] == 200]
-    print(f"chat requests: {len(records)} ({len(ok)} answered 200, {sum(r['schema'] for r in records)} with the "
-          f"JSON schema); {len(records) / n:.2f} per query")
+    print(f"chat requests: {len(records)} ({len(ok)} answered 200, {sum(r['schema'] for r in records)} with a JSON "
+          f"schema or grammar); {len(records) / n:.2f} per query")
     if ok:
         secs = sorted(r["seconds"] for r in ok)
         print(f"per request: prompt tokens mean {statistics.mean(r['prompt_tokens'] for r in ok):.0f} "
