@@ -61,7 +61,7 @@ def _limits(services: Services, body: ValidateRequest) -> tuple[list[str], RunCo
 
 
 def _external(doc_ids) -> list[str]:
-    return [(split_internal_id(d) or ("", d))[1] for d in doc_ids]
+    return [split_internal_id(d)[1] for d in doc_ids]
 
 
 @router.post(
@@ -144,7 +144,7 @@ async def validate(body: ValidateRequest, request: Request, caller: Caller = Dep
         result = await _rerank_awaited(services, request, reranker, result, until)
 
     pages = [
-        ValidatedPage(document_id=(split_internal_id(p.doc_id) or ("", p.doc_id))[1], page=p.page,
+        ValidatedPage(document_id=split_internal_id(p.doc_id)[1], page=p.page,
                       score=round(p.score, 6),
                       probability=None if p.probability is None else round(p.probability, 6), snippet=p.snippet)
         for p in result.pages
