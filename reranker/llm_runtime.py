@@ -191,6 +191,8 @@ class LLMRuntime:
                         result = waiting.result()
                     except (FutureCancelled, asyncio.CancelledError):
                         result = None
+                    except Exception as exc:  # a bug must not turn into a 500: fall back, say why
+                        return _fallback(candidates, deadline, f"the LLM reranker failed ({type(exc).__name__})")
                     if result is None:
                         return _fallback(candidates, deadline, "no free LLM slot before the deadline "
                                          f"(EVIDENTIA_LLM_CONCURRENCY={self.concurrency})")

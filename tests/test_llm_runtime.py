@@ -223,6 +223,19 @@ def test_runtime_bounds_concurrency_and_answers_by_the_deadline(server):
     assert server.max_in_flight == 1 and len(server.requests) == 1
 
 
+def test_runtime_turns_an_unexpected_error_into_the_fallback():
+    def broken(deadline):
+        raise KeyError("bug")
+
+    runtime = LLMRuntime(concurrency=1)
+    try:
+        result = asyncio.run(runtime.rerank(broken, POOL, Deadline.after(5)))
+    finally:
+        runtime.shutdown()
+    assert result.pages == passthrough(POOL)
+    assert result.fallback_reason == "the LLM reranker failed (KeyError); BM25 order returned"
+
+
 def test_runtime_cancels_when_the_client_disconnects(server):
     server.handler = lambda request: HANG
     runtime = LLMRuntime(concurrency=2)
