@@ -67,6 +67,27 @@ class Settings:
     rate_limit_per_minute: int = 600  # per API key
     default_reranker: str = "none"  # used when a request names none; loaded before /ready says ready
     rerank_concurrency: int = 1  # classifier calls run at once (CPU-bound; more only thrash the cores)
+    # Untrusted PDFs (issue #15): extraction and page rendering run in child
+    # processes under these bounds (see indexer/worker.py, api/rendering.py).
+    extract_timeout_s: float = 300.0
+    extract_memory_mb: int = 1024  # address space a child may add to what it starts with
+    max_page_chars: int = 100_000
+    max_document_chars: int = 20_000_000
+    max_page_content_mb: int = 16  # a page's content streams, inflated; checked before extraction
+    max_document_content_mb: int = 1024
+    index_workers: int = 2  # documents extracted at once (one child process each)
+    index_max_attempts: int = 3  # starts of one upload's indexing (restarts included) before it fails
+    render_timeout_s: float = 20.0
+    render_memory_mb: int = 512
+    render_max_pixels: int = 6_000_000
+    render_concurrency: int = 2  # page images rendered at once, whole server (503 beyond)
+    render_concurrency_per_tenant: int = 1  # ... per tenant (429 beyond)
+    render_cache_mb: int = 256  # rendered pages kept on disk under the data dir
+    # HTTP server (`evidentia serve`): slow or too many clients are dropped.
+    http_max_connections: int = 200
+    http_header_timeout_s: float = 10.0  # to receive a request's headers
+    http_body_timeout_s: float = 120.0  # to receive a request's whole body
+    http_keep_alive_s: float = 5.0
     # First stage and dense retrieval (see retriever/dense.py, retriever/fusion.py).
     stage: str = "bm25"
     dense: bool = True  # compute page embeddings while indexing (EVIDENTIA_DENSE=off skips them)
@@ -123,6 +144,27 @@ class Settings:
             rate_limit_per_minute=_positive_int(env, "EVIDENTIA_RATE_LIMIT_PER_MINUTE", defaults.rate_limit_per_minute),
             default_reranker=(env.get("EVIDENTIA_DEFAULT_RERANKER") or defaults.default_reranker).strip().lower(),
             rerank_concurrency=_positive_int(env, "EVIDENTIA_RERANK_CONCURRENCY", defaults.rerank_concurrency),
+            extract_timeout_s=_positive_float(env, "EVIDENTIA_EXTRACT_TIMEOUT_S", defaults.extract_timeout_s),
+            extract_memory_mb=_positive_int(env, "EVIDENTIA_EXTRACT_MEMORY_MB", defaults.extract_memory_mb),
+            max_page_chars=_positive_int(env, "EVIDENTIA_MAX_PAGE_CHARS", defaults.max_page_chars),
+            max_document_chars=_positive_int(env, "EVIDENTIA_MAX_DOCUMENT_CHARS", defaults.max_document_chars),
+            max_page_content_mb=_positive_int(env, "EVIDENTIA_MAX_PAGE_CONTENT_MB", defaults.max_page_content_mb),
+            max_document_content_mb=_positive_int(env, "EVIDENTIA_MAX_DOCUMENT_CONTENT_MB",
+                                                  defaults.max_document_content_mb),
+            index_workers=_positive_int(env, "EVIDENTIA_INDEX_WORKERS", defaults.index_workers),
+            index_max_attempts=_positive_int(env, "EVIDENTIA_INDEX_MAX_ATTEMPTS", defaults.index_max_attempts),
+            render_timeout_s=_positive_float(env, "EVIDENTIA_RENDER_TIMEOUT_S", defaults.render_timeout_s),
+            render_memory_mb=_positive_int(env, "EVIDENTIA_RENDER_MEMORY_MB", defaults.render_memory_mb),
+            render_max_pixels=_positive_int(env, "EVIDENTIA_RENDER_MAX_PIXELS", defaults.render_max_pixels),
+            render_concurrency=_positive_int(env, "EVIDENTIA_RENDER_CONCURRENCY", defaults.render_concurrency),
+            render_concurrency_per_tenant=_positive_int(env, "EVIDENTIA_RENDER_CONCURRENCY_PER_TENANT",
+                                                        defaults.render_concurrency_per_tenant),
+            render_cache_mb=_non_negative_int(env, "EVIDENTIA_RENDER_CACHE_MB", defaults.render_cache_mb),
+            http_max_connections=_positive_int(env, "EVIDENTIA_HTTP_MAX_CONNECTIONS", defaults.http_max_connections),
+            http_header_timeout_s=_positive_float(env, "EVIDENTIA_HTTP_HEADER_TIMEOUT_S",
+                                                  defaults.http_header_timeout_s),
+            http_body_timeout_s=_positive_float(env, "EVIDENTIA_HTTP_BODY_TIMEOUT_S", defaults.http_body_timeout_s),
+            http_keep_alive_s=_positive_float(env, "EVIDENTIA_HTTP_KEEP_ALIVE_S", defaults.http_keep_alive_s),
             stage=_choice(env, "EVIDENTIA_STAGE", defaults.stage, STAGES),
             dense=_switch(env, "EVIDENTIA_DENSE", defaults.dense),
             dense_model=env.get("EVIDENTIA_DENSE_MODEL") or defaults.dense_model,
