@@ -29,7 +29,9 @@ class ErrorResponse(BaseModel):
 # -- documents ----------------------------------------------------------------
 class DocumentAccepted(BaseModel):
     document_id: str
-    status: Status = Field(..., examples=["queued"])
+    status: Status = Field(..., examples=["queued"], description="`queued`; `ready` when a ready document was "
+                           "uploaded again: it is served as it was until the new file is indexed.")
+    reindex_status: str | None = Field(None, description="`queued` when this upload re-indexes a ready document.")
 
 
 class DocumentOut(BaseModel):
@@ -43,6 +45,10 @@ class DocumentOut(BaseModel):
     languages: dict[str, int] = Field(default_factory=dict, description="Detected language -> number of pages.")
     created: str
     updated: str
+    reindex_status: str | None = Field(None, description="A re-upload of this ready document: `queued`, "
+                                       "`indexing` (the previous version is served meanwhile), `failed` (the "
+                                       "previous version stays; see `reindex_reason`), or null.")
+    reindex_reason: str | None = Field(None, description="Why the re-upload failed (`reindex_status` `failed`).")
 
 
 class DocumentList(BaseModel):

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from evidentia.api.indexing import IndexingWorker, split_internal_id
 from evidentia.api.metrics import Metrics
+from evidentia.api.rendering import PageRenderer
 from evidentia.api.ratelimit import RateLimiter
 from evidentia.api.store import Store
 from evidentia.config import Settings
@@ -186,6 +187,7 @@ class Services:
         self.detector = None  # LanguageDetector for queries
         self.index_detector = None  # ... and for the indexing thread
         self.worker = IndexingWorker(self)
+        self.renderer = PageRenderer(settings)  # page images: bounded child processes, disk cache
         self.checks: dict[str, str] = {"store": "not open", "index": "not open",
                                        f"reranker:{settings.default_reranker}": "not loaded"}
         # EVIDENTIA_DENSE=on: uploads get page embeddings, and the dense and hybrid

@@ -14,8 +14,9 @@ from fastapi.concurrency import run_in_threadpool
 
 from evidentia.api.deps import Caller, get_services, require_backend, require_tenant, run_blocking
 from evidentia.api.errors import ApiError, errors
-from evidentia.api.highlight import MAX_HIGHLIGHT_CHARS, MAX_TERMS, highlight_terms, mark_page
+from evidentia.api.highlight import MAX_HIGHLIGHT_CHARS, MAX_TERMS, highlight_terms
 from evidentia.api.indexing import internal_id
+from evidentia.api.rendering import RenderRefused
 from evidentia.api.schemas import DocumentAccepted, DocumentList, DocumentOut, PageOut
 from evidentia.api.services import Services
 from evidentia.api.store import DOCUMENT_ID_RE, DocumentRow
@@ -27,7 +28,6 @@ router = APIRouter(prefix="/v1/documents", tags=["documents"])
 
 CHUNK = 1 << 20
 PNG_MIN_WIDTH, PNG_MAX_WIDTH = 50, 2000
-PNG_MAX_HEIGHT = 6000  # a strip-shaped page must not become a huge image
 
 DocumentId = PathParam(..., description="Your document id.", examples=["acme-2023"])
 
@@ -35,7 +35,8 @@ DocumentId = PathParam(..., description="Your document id.", examples=["acme-202
 def to_out(row: DocumentRow) -> DocumentOut:
     return DocumentOut(document_id=row.document_id, status=row.status, reason=row.reason, filename=row.filename,
                        size_bytes=row.size_bytes, pages=row.pages, empty_pages=row.empty_pages,
-                       languages=row.languages, created=row.created, updated=row.updated)
+                       languages=row.languages, created=row.created, updated=row.updated,
+                       reindex_status=row.next_status, reindex_reason=row.next_reason)
 
 
 def find_document(services: Services, caller: Caller, document_id: str) -> DocumentRow:
@@ -79,15 +80,28 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _count_pages(path: Path) -> int | None:
-    """Page count if PyMuPDF opens the file; None when it cannot (the indexing
-    worker then reports the precise reason as the document's failure)."""
+def _count_pages_in_child(path: str) -> int | None:
     import pymupdf
 
     try:
         with pymupdf.open(path, filetype="pdf") as doc:
             return None if doc.needs_pass else doc.page_count
     except Exception:
+        return None
+
+
+def _count_pages(services: Services, path: Path) -> int | None:
+    """Page count if PyMuPDF opens the file; None when it cannot (the indexing
+    worker then reports the precise reason as the document's failure). Opened in
+    a bounded child: a hostile file's repair must not stall this process."""
+    from evidentia.indexer.worker import BoundedCall, WorkFailed
+
+    settings = services.settings
+    try:
+        return BoundedCall(_count_pages_in_child, (str(path),), timeout_s=settings.render_timeout_s,
+                           memory_mb=settings.render_memory_mb, what="page count",
+                           setting="EVIDENTIA_RENDER").run()
+    except WorkFailed:
         return None
 
 
@@ -129,7 +143,7 @@ def _accept_upload(services: Services, caller: Caller, upload: UploadFile, docum
         if b"%PDF-" not in head:
             raise ApiError(415, "not_a_pdf", f"{upload.filename or 'the upload'} is not a PDF (no %PDF- header); "
                            f"only PDF files can be indexed", {"content_type": upload.content_type})
-        pages = _count_pages(tmp)
+        pages = _count_pages(services, tmp)
         if pages is not None and pages > settings.max_pages:
             raise ApiError(413, "too_many_pages", f"the PDF has {pages} pages, over the limit of {settings.max_pages} "
                            f"(EVIDENTIA_MAX_PAGES); split it into several documents",
@@ -139,23 +153,31 @@ def _accept_upload(services: Services, caller: Caller, upload: UploadFile, docum
         os.replace(tmp, final)
         _fsync_dir(final_dir)
         _fsync_dir(tenant_dir)
-        row, old = services.store.put_document(caller.tenant, document_id, upload.filename or final.name, size,
-                                               str(final), generation)
+        row, superseded = services.store.put_document(caller.tenant, document_id, upload.filename or final.name,
+                                                      size, str(final), generation)
     except BaseException:
         tmp.unlink(missing_ok=True)
         shutil.rmtree(final_dir, ignore_errors=True)
         raise
-    if old is not None and Path(old.file_path).parent != final_dir:
-        shutil.rmtree(Path(old.file_path).parent, ignore_errors=True)
+    # earlier uploads that will never be served: stop their extraction, drop their files
+    # (a ready version being replaced is not among them: it is served until the new one is ready)
+    services.worker.cancel(caller.tenant, document_id, [g for g, _ in superseded])
+    for old_generation, old_path in superseded:
+        if Path(old_path).parent != final_dir:
+            shutil.rmtree(Path(old_path).parent, ignore_errors=True)
+        services.renderer.forget(caller.tenant, old_generation)
     services.worker.submit(caller.tenant, document_id, generation)
     return row
 
 
 @router.post(
-    "", status_code=202, response_model=DocumentAccepted, summary="Upload a PDF for indexing",
+    "", status_code=202, response_model=DocumentAccepted, response_model_exclude_none=True,
+    summary="Upload a PDF for indexing",
     description="Stores the PDF and answers at once; indexing runs in the background. Poll "
                 "GET /v1/documents/{document_id} until `status` is `ready` (or `failed`, with a `reason`). "
-                "Uploading an id again replaces the document.",
+                "Uploading an id again replaces the document; a `ready` document keeps being served until "
+                "the new file is indexed (`reindex_status`), and stays as it was if the new file fails "
+                "(`reindex_status` `failed`, `reindex_reason`).",
     responses=errors(400, 401, 413, 415, 422, 429),
 )
 async def upload_document(
@@ -167,7 +189,8 @@ async def upload_document(
 ) -> DocumentAccepted:
     row = await run_in_threadpool(_accept_upload, services, caller, file, document_id)
     response.headers["Location"] = f"/v1/documents/{row.document_id}"
-    return DocumentAccepted(document_id=row.document_id, status="queued")
+    return DocumentAccepted(document_id=row.document_id, status=row.status if row.next_generation else "queued",
+                            reindex_status=row.next_status)
 
 
 @router.get("", response_model=DocumentList, summary="List your documents", responses=errors(401, 429))
@@ -199,7 +222,13 @@ def delete_document(document_id: str = DocumentId, caller: Caller = Depends(requ
         except BackendError as exc:
             # the document is gone for the tenant; the orphan pages are swept at the next start
             log.warning("deleted %s:%s from the store but not from the index: %s", caller.tenant, document_id, exc)
+    services.worker.cancel(caller.tenant, document_id)  # kills its extraction, if one runs
     shutil.rmtree(Path(row.file_path).parent, ignore_errors=True)
+    if row.next_file_path:
+        shutil.rmtree(Path(row.next_file_path).parent, ignore_errors=True)
+    for generation in (row.generation, row.next_generation):
+        if generation:
+            services.renderer.forget(caller.tenant, generation)
     return Response(status_code=204)
 
 
@@ -210,26 +239,12 @@ def _page_number(row: DocumentRow, page: int) -> None:
                        {"document_id": row.document_id, "page": page, "pages": row.pages})
 
 
-def _render_png(path: str, page: int, width: int, terms: list[str] | None = None) -> bytes:
-    import pymupdf
-
-    with pymupdf.open(path, filetype="pdf") as doc:
-        p = doc.load_page(page - 1)
-        if terms:
-            mark_page(p, terms)  # in memory only: the stored PDF is never written
-        rect = p.rect
-        zoom = width / rect.width if rect.width else 1.0
-        if rect.height * zoom > PNG_MAX_HEIGHT:
-            zoom = PNG_MAX_HEIGHT / rect.height
-        return p.get_pixmap(matrix=pymupdf.Matrix(zoom, zoom), alpha=False).tobytes("png")
-
-
 # Declared before the text route: "/pages/3.png" must not reach "/pages/{page}".
 @router.get(
     "/{document_id}/pages/{page}.png", summary="A page rendered as PNG",
     response_class=Response,
     responses={200: {"content": {"image/png": {}}, "description": "The page as a PNG image."},
-               **errors(401, 404, 409, 422, 429, 504)},
+               **errors(401, 404, 409, 422, 429, 503)},
 )
 async def page_png(
     document_id: str = DocumentId,
@@ -244,7 +259,19 @@ async def page_png(
 ) -> Response:
     row = await run_in_threadpool(find_document, services, caller, document_id)
     _page_number(row, page)
-    png = await run_blocking(services, _render_png, row.file_path, page, width, highlight_terms(highlight))
+    renderer, terms = services.renderer, highlight_terms(highlight)
+    try:
+        png = await run_in_threadpool(renderer.cached, caller.tenant, row.generation, page, width, terms)
+        if png is None:
+            # the slot is taken here, in the event loop, before any thread: a flood gets
+            # 429/503 at once instead of piling up threads that wait
+            with renderer.slot(caller.tenant):
+                png = await run_in_threadpool(renderer.render, caller.tenant, row.generation, row.file_path, page,
+                                              width, terms)
+    except RenderRefused as exc:
+        headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after else None
+        raise ApiError(exc.status, exc.code, str(exc), {"document_id": document_id, "page": page},
+                       headers=headers) from None
     return Response(content=png, media_type="image/png", headers={"Cache-Control": "private, max-age=3600"})
 
 
