@@ -100,7 +100,11 @@ def _index(ctx: Context, paths: list[Path]) -> int:
             embedder.dim  # load the model now: a bad EVIDENTIA_DENSE_MODEL fails before any work
         except EmbeddingError as exc:
             raise fail(f"{exc} (EVIDENTIA_DENSE=off indexes without embeddings)")
-    summary = index_paths_with_progress(paths, ctx.backend, ctx.detector, embedder=embedder)
+    from evidentia.indexer.worker import ExtractionLimits
+
+    # the API's bounds (EVIDENTIA_EXTRACT_*, EVIDENTIA_MAX_*): a hostile file fails with one error line
+    summary = index_paths_with_progress(paths, ctx.backend, ctx.detector, embedder=embedder,
+                                        limits=ExtractionLimits.from_settings(ctx.settings))
     for failure in summary.failures:
         typer.echo(f"error: {failure.reason}", err=True)
     cost = summary.embedding_line()

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from evidentia.indexer.language import LanguageDetector
 from evidentia.indexer.pdf import PdfError, extract_pages
+from evidentia.indexer.worker import ExtractionLimits, extract_bounded
 from evidentia.records import Document
 from evidentia.retriever.base import SearchBackend
 
@@ -87,11 +88,15 @@ def index_paths(
     on_document: Callable[[Path, int], None] | None = None,
     embedder: "PageEmbedder | None" = None,
     on_embedded: Callable[[int], None] | None = None,
+    limits: "ExtractionLimits | None" = None,
 ) -> IndexSummary:
     """Index every PDF under ``paths``; bad files are recorded, the rest still indexed.
     ``on_document(path, pages)`` is called after each file (pages = 0 on failure).
     With an ``embedder``, each document's pages are embedded (in batches) before
-    it is written, and ``on_embedded(pages)`` reports pages as they are done."""
+    it is written, and ``on_embedded(pages)`` reports pages as they are done.
+    With ``limits``, each file is extracted in a bounded child process
+    (indexer/worker.py): a hostile file fails with its reason instead of
+    exhausting this process's memory or time."""
     t_start = time.perf_counter()
     files, failures = find_pdfs(paths)
     summary = IndexSummary(failures=failures)
@@ -109,7 +114,10 @@ def index_paths(
                     f"in this run (rename one of the files)")))
             else:
                 try:
-                    document = extract_pages(Path(path), path.stem, detector)
+                    if limits is None:
+                        document = extract_pages(Path(path), path.stem, detector)
+                    else:
+                        document = extract_bounded(Path(path), path.stem, detector.probe_chars, limits)
                 except PdfError as exc:
                     summary.failures.append(IndexFailure(str(path), str(exc)))
                 else:
@@ -136,7 +144,8 @@ def index_paths(
 
 
 def index_paths_with_progress(paths: Sequence[Path], backend: SearchBackend, detector: LanguageDetector,
-                              embedder: "PageEmbedder | None" = None, show: bool = True) -> IndexSummary:
+                              embedder: "PageEmbedder | None" = None, show: bool = True,
+                              limits: "ExtractionLimits | None" = None) -> IndexSummary:
     """``index_paths`` behind a progress bar on stderr: documents, pages indexed
     and pages embedded (the slow part on a CPU)."""
     import sys
@@ -164,4 +173,4 @@ def index_paths_with_progress(paths: Sequence[Path], backend: SearchBackend, det
             refresh(True)
 
         return index_paths(paths, backend, detector, on_document=on_document, embedder=embedder,
-                           on_embedded=on_embedded)
+                           on_embedded=on_embedded, limits=limits)
