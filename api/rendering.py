@@ -63,7 +63,7 @@ def render_png(path: str, page: int, width: int, terms: list[str] | None, max_pi
             zoom = PNG_MAX_HEIGHT / rect.height
         pixels = rect.width * zoom * rect.height * zoom
         if pixels > max_pixels:
-            zoom *= math.sqrt(max_pixels / pixels)
+            zoom *= math.sqrt(max_pixels / pixels) * 0.995  # rounding up must not pass the cap
         return p.get_pixmap(matrix=pymupdf.Matrix(zoom, zoom), alpha=False).tobytes("png")
 
 

@@ -1,0 +1,79 @@
+"""api/rendering.py: page images rendered in a bounded child, capped, cached."""
+
+from __future__ import annotations
+
+import struct
+import time
+
+import pytest
+
+import hostile_pdfs as H
+from evidentia.api.rendering import PageRenderer, RenderRefused
+from evidentia.config import Settings
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    return struct.unpack(">II", data[16:24])
+
+
+@pytest.fixture
+def renderer(tmp_path):
+    settings = Settings(data_dir=tmp_path / "data", render_memory_mb=150, render_timeout_s=10,
+                        render_max_pixels=200_000, render_concurrency=2, render_concurrency_per_tenant=1)
+    return PageRenderer(settings)
+
+
+def test_render_is_bounded_in_pixels_and_cached(renderer, tmp_path):
+    pdf = str(H.real_report(tmp_path / "r.pdf", pages=2))
+    png = renderer.render("t1", "g1", pdf, 1, 2000, None)
+    w, h = png_size(png)
+    assert w * h <= 200_000 and w < 2000
+    assert renderer.cached("t1", "g1", 1, 2000, None) == png
+    assert renderer.cached("t1", "g1", 2, 2000, None) is None
+    assert renderer.cached("t1", "g2", 1, 2000, None) is None  # another upload generation: another key
+    renderer.forget("t1", "g1")
+    assert renderer.cached("t1", "g1", 1, 2000, None) is None
+
+
+def test_a_huge_image_page_renders_within_the_bounds(renderer, tmp_path):
+    pdf = str(H.huge_image(tmp_path / "huge.pdf", side=12000))  # 144 MB of pixels once decoded
+    t0 = time.perf_counter()
+    w, h = png_size(renderer.render("t1", "g1", pdf, 1, 2000, None))
+    assert w * h <= 200_000 and time.perf_counter() - t0 < 10
+
+
+def test_a_slow_page_fails_with_a_reason_and_is_remembered(tmp_path):
+    tight = PageRenderer(Settings(data_dir=tmp_path / "data", render_timeout_s=1))
+    pdf = str(H.spaces_bomb(tmp_path / "spaces.pdf", inflated_mb=512))
+    t0 = time.perf_counter()
+    with pytest.raises(RenderRefused) as info:
+        tight.render("t1", "g1", pdf, 1, 800, None)
+    assert time.perf_counter() - t0 < 5
+    assert info.value.status == 422 and info.value.code == "page_not_renderable"
+    assert str(info.value) == ("page 1 cannot be rendered: page rendering took longer than 1 s "
+                               "(EVIDENTIA_RENDER_TIMEOUT_S)")
+    t0 = time.perf_counter()
+    with pytest.raises(RenderRefused, match="took longer than 1 s"):
+        tight.cached("t1", "g1", 1, 800, None)  # the failure is cached: no second child
+    assert time.perf_counter() - t0 < 0.1
+
+
+def test_concurrency_caps_per_tenant_and_in_all(renderer):
+    with renderer.slot("a"):
+        with pytest.raises(RenderRefused) as info:
+            with renderer.slot("a"):
+                pass
+        assert info.value.status == 429 and "EVIDENTIA_RENDER_CONCURRENCY_PER_TENANT" in str(info.value)
+        with renderer.slot("b"):
+            with pytest.raises(RenderRefused) as info:
+                with renderer.slot("c"):
+                    pass
+            assert info.value.status == 503 and info.value.retry_after == 1
+    with renderer.slot("a"), renderer.slot("c"):  # slots are given back
+        pass
+
+
+def test_a_missing_file_asks_for_a_retry(renderer, tmp_path):
+    with pytest.raises(RenderRefused) as info:
+        renderer.render("t1", "g1", str(tmp_path / "gone.pdf"), 1, 800, None)
+    assert info.value.status == 409 and str(tmp_path) not in str(info.value)
