@@ -96,7 +96,7 @@ def test_hostile_uploads_fail_with_a_reason_and_leave_nothing_indexed(tmp_path):
 
 
 def test_delete_kills_the_running_extraction(tmp_path):
-    spaces = H.spaces_bomb(tmp_path / "spaces.pdf", inflated_mb=1024)
+    spaces = H.spaces_bomb(tmp_path / "spaces.pdf", inflated_mb=512)  # seconds of parsing
     no_caps = dict(extract_timeout_s=120, max_page_content_mb=100_000, max_document_content_mb=100_000)
     with TestClient(make_app(tmp_path, **no_caps)) as c:
         wait_ready(c)
