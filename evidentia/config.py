@@ -70,15 +70,15 @@ class Settings:
     # Untrusted PDFs (issue #15): extraction and page rendering run in child
     # processes under these bounds (see indexer/worker.py, api/rendering.py).
     extract_timeout_s: float = 300.0
-    extract_memory_mb: int = 1024  # address space a child may add to what it starts with
+    extract_memory_mb: int = 768  # address space a child may add to what it starts with
     max_page_chars: int = 100_000
     max_document_chars: int = 20_000_000
-    max_page_content_mb: int = 16  # a page's content streams, inflated; checked before extraction
+    max_page_content_mb: int = 8  # a page's content streams, inflated; checked before extraction
     max_document_content_mb: int = 1024
     index_workers: int = 2  # documents extracted at once (one child process each)
     index_max_attempts: int = 3  # starts of one upload's indexing (restarts included) before it fails
     render_timeout_s: float = 20.0
-    render_memory_mb: int = 512
+    render_memory_mb: int = 384
     render_max_pixels: int = 6_000_000
     render_concurrency: int = 2  # page images rendered at once, whole server (503 beyond)
     render_concurrency_per_tenant: int = 1  # ... per tenant (429 beyond)

@@ -58,10 +58,10 @@ class ExtractionLimits:
     """Bounds of one document's extraction (EVIDENTIA_EXTRACT_* / EVIDENTIA_MAX_*)."""
 
     timeout_s: float = 300.0
-    memory_mb: int = 1024
+    memory_mb: int = 768
     max_page_chars: int = 100_000
     max_document_chars: int = 20_000_000
-    max_page_content_mb: int = 16
+    max_page_content_mb: int = 8
     max_document_content_mb: int = 1024
     max_pages: int = 2000
 
