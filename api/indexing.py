@@ -36,9 +36,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from evidentia.indexer.pdf import PdfError
-from evidentia.indexer.pipeline import embed_document
 from evidentia.indexer.worker import BoundedCall, ExtractionLimits, WorkFailed, extraction_call
+from evidentia.indexing import embed_document
 from evidentia.retriever.base import BackendError
+from evidentia.tenants import internal_id
 
 if TYPE_CHECKING:
     from evidentia.api.services import Services
@@ -46,17 +47,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("evidentia.api.indexing")
 
 BACKEND_ATTEMPTS = 3
-
-
-def internal_id(tenant: str, document_id: str) -> str:
-    """The id under which a tenant's document lives in the search backend. Neither
-    part may contain ':' (see store.TENANT_RE / DOCUMENT_ID_RE), so it is unambiguous."""
-    return f"{tenant}:{document_id}"
-
-
-def split_internal_id(doc_id: str) -> tuple[str, str] | None:
-    tenant, sep, document_id = doc_id.partition(":")
-    return (tenant, document_id) if sep and tenant and document_id else None
 
 
 class IndexingWorker:

@@ -9,102 +9,26 @@ from typing import List, Optional
 
 import typer
 
-from evidentia.config import ConfigError, Settings
+from evidentia.config import ConfigError
+from evidentia.console import EXIT_BACKEND, EXIT_BAD_INPUT, Context, fail
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Find the PDF pages that support a supplier's answer.")
 
-EXIT_BAD_INPUT = 1
-EXIT_USAGE = 2
-EXIT_BACKEND = 3
-
-
-def fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(code)
-
-
-class Context:
-    """Opened lazily so that `--help` needs no index."""
-
-    def __init__(self) -> None:
-        try:
-            self.settings = Settings.from_env()
-        except ConfigError as exc:
-            raise fail(str(exc))
-        self._backend = None
-        self._detector = None
-        self._embedder = None
-
-    @property
-    def backend(self):
-        if self._backend is None:
-            from evidentia.retriever.base import BackendError
-            from evidentia.retriever.factory import open_backend
-
-            try:
-                self._backend = open_backend(self.settings)
-            except ConfigError as exc:
-                raise fail(str(exc))
-            except BackendError as exc:
-                raise fail(str(exc), EXIT_BACKEND)
-        return self._backend
-
-    @property
-    def detector(self):
-        if self._detector is None:
-            from evidentia.indexer.language import LanguageDetector
-
-            self._detector = LanguageDetector(probe_chars=self.settings.language_probe_chars)
-        return self._detector
-
-    @property
-    def embedder(self):
-        """The page/query embedder (EVIDENTIA_DENSE_MODEL); its model loads on first use."""
-        if self._embedder is None:
-            from evidentia.retriever.dense import PageEmbedder
-
-            try:
-                self._embedder = PageEmbedder.from_settings(self.settings)
-            except ValueError as exc:
-                raise fail(f"EVIDENTIA_DENSE_*: {exc}")
-        return self._embedder
-
-    @property
-    def indexing_embedder(self):
-        """The embedder used while indexing, None with EVIDENTIA_DENSE=off."""
-        return self.embedder if self.settings.dense else None
-
-
-def index_missing_documents(ctx: Context, queries, folder: Path) -> None:
-    """Index, from ``folder``, the documents of ``queries`` that the index lacks
-    (commands that take labelled queries and a PDF folder); each bad PDF and a
-    summary line go to stderr."""
-    from evidentia.evaluation.runner import index_missing
-
-    summary = index_missing(queries, ctx.backend, ctx.detector, folder, embedder=ctx.indexing_embedder)
-    if summary is not None:
-        for failure in summary.failures:
-            typer.echo(f"error: {failure.reason}", err=True)
-        typer.echo(f"indexed from {folder}: {summary.line()}", err=True)
-
 
 def _index(ctx: Context, paths: list[Path]) -> int:
-    from evidentia.indexer.pipeline import find_pdfs, index_paths_with_progress
+    from evidentia.indexing import find_pdfs
     from evidentia.retriever.dense import EmbeddingError
 
     files, _ = find_pdfs(paths)
-    embedder = ctx.indexing_embedder
-    if embedder is not None and files:
+    embedder = ctx.engine.indexing_embedder if files else None
+    if embedder is not None:
         try:
-            embedder.dim  # load the model now: a bad EVIDENTIA_DENSE_MODEL fails before any work
+            ctx.engine.load_embedder()  # a bad EVIDENTIA_DENSE_MODEL fails before any work
         except EmbeddingError as exc:
             raise fail(f"{exc} (EVIDENTIA_DENSE=off indexes without embeddings)")
-    from evidentia.indexer.worker import ExtractionLimits
-
-    # the API's bounds (EVIDENTIA_EXTRACT_*, EVIDENTIA_MAX_*): a hostile file fails with one error line
-    summary = index_paths_with_progress(paths, ctx.backend, ctx.detector, embedder=embedder,
-                                        limits=ExtractionLimits.from_settings(ctx.settings))
+    ctx.backend  # noqa: B018 (opens it, or fails with the right exit code)
+    summary = ctx.engine.index_paths(paths)
     for failure in summary.failures:
         typer.echo(f"error: {failure.reason}", err=True)
     cost = summary.embedding_line()
@@ -133,7 +57,8 @@ def search(
     question: str = typer.Option(..., "--question", "-q"),
     answer: str = typer.Option("", "--answer", "-a"),
     top_k: Optional[int] = typer.Option(None, "--top-k", help="Candidate pool size (default EVIDENTIA_POOL_SIZE, 20)."),
-    reranker: str = typer.Option("none", "--reranker", help="none, llm or classifier."),
+    reranker: Optional[str] = typer.Option(None, "--reranker", help="none, llm or classifier "
+                                           "(default EVIDENTIA_DEFAULT_RERANKER, none)."),
     stage: Optional[str] = typer.Option(None, "--stage", help="First stage: bm25, dense or hybrid "
                                         "(default EVIDENTIA_STAGE, bm25)."),
     threshold: Optional[float] = typer.Option(None, "--threshold", help="Drop pages whose relevance probability is "
@@ -141,30 +66,16 @@ def search(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ):
     """Rank the pages of the given documents for a question and its answer."""
-    from evidentia.config import STAGES
-    from evidentia.pipeline import Pipeline
-    from evidentia.reranker.registry import create_reranker
     from evidentia.retriever.base import BackendError, UnknownDocumentError
     from evidentia.retriever.dense import EmbeddingError
 
     ctx = Context()
     if not question.strip():
         raise fail("--question is empty")
-    k = top_k if top_k is not None else ctx.settings.pool_size
-    if k <= 0:
-        raise fail("--top-k must be a positive integer")
-    if threshold is not None and not 0.0 <= threshold <= 1.0:
-        raise fail("--threshold must be between 0 and 1")
-    if reranker == "classifier" and threshold is None:
-        threshold = ctx.settings.classifier_threshold
-    if stage is not None and stage not in STAGES:
-        raise fail(f"--stage must be one of {', '.join(STAGES)}")
-    stage = stage or ctx.settings.stage
+    config = ctx.config(stage=stage, reranker=reranker, threshold=threshold, pool_size=top_k)
     try:
-        pipeline = Pipeline.from_settings(ctx.settings, ctx.backend, ctx.detector,
-                                          create_reranker(reranker, ctx.settings, threshold), stage=stage,
-                                          embedder=ctx.embedder if stage != "bm25" else None, pool_size=k)
-        result = pipeline.run(question, answer, doc)
+        ctx.backend  # noqa: B018 (opens it, or fails with the right exit code)
+        result = ctx.engine.search(question, answer, doc, config)
     except (ConfigError, EmbeddingError) as exc:
         raise fail(str(exc))
     except UnknownDocumentError as exc:
@@ -218,16 +129,16 @@ def delete(doc_id: str = typer.Argument(...)):
 @app.command()
 def demo():
     """Generate a small multilingual sample report, index it and answer one question."""
-    from evidentia.retriever.query import build_query
     from evidentia.samples import SAMPLE_ANSWER, SAMPLE_QUESTION, write_sample_report
 
     ctx = Context()
     with tempfile.TemporaryDirectory() as tmp:
         pdf = write_sample_report(Path(tmp) / "acme-sustainability-2023.pdf")
         _index(ctx, [pdf])
-    query = build_query(SAMPLE_QUESTION, SAMPLE_ANSWER, ctx.detector)
+    result = ctx.engine.search(SAMPLE_QUESTION, SAMPLE_ANSWER, ["acme-sustainability-2023"],
+                               ctx.config(stage="bm25", reranker="none", pool_size=3))
     typer.echo(f"\nQ: {SAMPLE_QUESTION}\nA: {SAMPLE_ANSWER}\n")
-    for rank, c in enumerate(ctx.backend.search(query.keywords, ["acme-sustainability-2023"], 3), 1):
+    for rank, c in enumerate(result.candidates, 1):
         typer.echo(f"{rank}. page {c.page} (score {c.score:.2f}, {c.language}): {c.snippet[:200]}")
 
 
@@ -235,10 +146,9 @@ def main() -> None:
     app()
 
 
-# Evaluation lives in its own package; its command is registered here so that
-# `evidentia --help` lists everything in one place. evaluation/cli.py imports
-# only typer at module level (and evidentia.cli lazily), so this stays cheap
-# and free of import cycles.
+# Each package's commands live beside it and are registered here so that
+# `evidentia --help` lists everything in one place. They import what they share
+# from evidentia.console, never from this module, so there is no import cycle.
 from evidentia.evaluation.cli import eval_command  # noqa: E402
 
 app.command("eval")(eval_command)

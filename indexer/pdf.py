@@ -7,7 +7,7 @@ from typing import Callable
 
 import pymupdf
 
-from evidentia.indexer.language import LanguageDetector
+from evidentia.language import LanguageDetector
 from evidentia.records import Document, Page
 from evidentia.text import clean_text
 

@@ -314,7 +314,7 @@ class TextCaps:
 def extract_checked(path: Path, doc_id: str, probe_chars: int, limits: ExtractionLimits,
                     extract_kwargs: dict | None = None):
     """The child's job: size checks, the whole extraction, the text caps."""
-    from evidentia.indexer.language import LanguageDetector
+    from evidentia.language import LanguageDetector
     from evidentia.indexer.pdf import extract_pages
 
     path = Path(path)

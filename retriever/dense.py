@@ -14,6 +14,7 @@ entry points create one per process and hand it down (no module-level state).
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -254,3 +255,35 @@ def page_scores(query: np.ndarray, vectors: PageVectors, pooling: str = "max") -
         pooled = pooled / np.where(norms == 0, 1.0, norms)
         return uniq, pooled @ q
     raise ValueError(f"unknown pooling {pooling!r}: max, mean or first")
+
+
+class SharedEmbedder(PageEmbedder):
+    """The app's one ``PageEmbedder``, shared by the indexing worker and the
+    validation requests: the model is loaded once, and every use of the model
+    (tokenizing a page into windows, encoding a batch) holds a lock, because a
+    fast tokenizer used from two threads at once fails ("Already borrowed"). A
+    query waits for at most one batch of an upload being embedded, not for the
+    whole document."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._lock = threading.RLock()
+
+    @property
+    def model(self):
+        if self._model is None:
+            with self._lock:
+                return super().model
+        return self._model
+
+    @property
+    def loaded(self) -> bool:
+        return self._model is not None
+
+    def windows(self, text: str) -> list[str]:
+        with self._lock:
+            return super().windows(text)
+
+    def _encode(self, texts: list[str], role: str = "document"):
+        with self._lock:
+            return super()._encode(texts, role)

@@ -20,7 +20,7 @@ FR_QUESTION = "Quelle proportion des fournisseurs a été auditée sur les droit
 def cli(cli_env, detector, monkeypatch):
     """Invoke the app in process. Each command builds its own LanguageDetector
     (0.3 s of profile loading); the session's one, same settings, is handed out instead."""
-    import evidentia.indexer.language as language
+    import evidentia.language as language
 
     real = language.LanguageDetector
 

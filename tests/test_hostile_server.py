@@ -15,9 +15,9 @@ import httpx
 import psutil
 import pytest
 
-import hostile_pdfs as H
+from tests.utils import hostile_pdfs as H
 from evidentia.samples import write_sample_report
-from test_api_server import Server
+from tests.utils.server import Server
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from test_api_server import Server
+from tests.utils.server import Server
 
 pytestmark = pytest.mark.slow
 

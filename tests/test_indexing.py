@@ -10,10 +10,12 @@ import time
 import psutil
 from fastapi.testclient import TestClient
 
-import hostile_pdfs as H
-from evidentia.api.indexing import internal_id
-from evidentia.api.store import Store
-from test_api import assert_error, make_app, new_tenant, services_of, upload, validate, wait_indexed, wait_ready
+from tests.utils import hostile_pdfs as H
+from evidentia.tenants import internal_id
+from evidentia.store import Store
+from tests.utils.api import (
+    assert_error, make_app, new_tenant, services_of, upload, validate, wait_indexed, wait_ready,
+)
 
 LIMITS = dict(extract_timeout_s=20, extract_memory_mb=400, max_page_content_mb=4, max_document_content_mb=40,
               max_page_chars=20_000)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-import hostile_pdfs as H
+from tests.utils import hostile_pdfs as H
 from evidentia.api.rendering import PageRenderer, RenderRefused
 from evidentia.config import Settings
 

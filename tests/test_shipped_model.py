@@ -10,6 +10,7 @@ import json
 from evidentia.records import Candidate
 from evidentia.reranker.classifier import ClassifierReranker
 from evidentia.reranker.classifier_model import METADATA_FILE, SHIPPED_MODEL_DIR
+from evidentia.retriever.query import build_query
 
 
 def test_shipped_model_files_are_portable():
@@ -37,7 +38,7 @@ def test_shipped_model_loads_and_scores_pages():
         Candidate("3M_2018_10K", 3, 5.0, "Table of contents. Item 1. Business. Item 1A. Risk factors. Item 2. "
                   "Properties. Item 3. Legal proceedings."),
     ]
-    result = reranker.rerank(question, answer, pages)
+    result = reranker.rerank(build_query(question, answer), pages)
     assert sorted(p.page for p in result.pages) == [3, 12, 60]
     probs = [p.probability for p in result.pages]
     assert all(0.0 < p < 1.0 for p in probs) and probs == sorted(probs, reverse=True)

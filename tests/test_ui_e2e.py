@@ -24,7 +24,9 @@ import pytest
 
 from evidentia.api.highlight import MAX_MARKS, highlight_terms, mark_page
 from evidentia.samples import SAMPLE_ANSWER, SAMPLE_QUESTION, write_sample_report
-from test_api_server import Server, evidentia_exe
+from tests.utils.server import Server, evidentia_exe
+
+pytestmark = pytest.mark.slow  # a headless browser and a real server
 
 CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
 CHROMEDRIVER_CANDIDATES = ("/usr/bin/chromedriver", "/usr/lib/chromium/chromedriver")
@@ -359,6 +361,16 @@ def test_highlight_terms_are_normalised_and_bounded():
                                                                              "2023"]
     assert len(highlight_terms(" ".join(f"w{i}" for i in range(100)))) == 32
     assert highlight_terms(None) == [] and highlight_terms("") == []
+
+
+def test_a_figure_with_a_currency_prefix_marks_the_figure_only(tmp_path):
+    assert highlight_terms("US$100 EUR 12,450") == ["100", "eur", "12450"]
+    pdf = tmp_path / "money.pdf"
+    doc = pymupdf.open()
+    doc.new_page().insert_text((72, 72), "Fine of US$100 paid; bonds of US$250 and US$900 issued.")
+    doc.save(pdf)
+    with pymupdf.open(pdf) as doc:
+        assert mark_page(doc.load_page(0), highlight_terms("US$100")) == 1  # "US$100", not the other amounts
 
 
 def test_mark_page_marks_matching_words_only(tmp_path):

@@ -1,5 +1,5 @@
 """indexer/worker.py: bounded extraction of hostile PDFs in a child process.
-Every hostile file is generated (tests/hostile_pdfs.py) and the limits are
+Every hostile file is generated (tests/utils/hostile_pdfs.py) and the limits are
 kept small so that each case takes about a second."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-import hostile_pdfs as H
+from tests.utils import hostile_pdfs as H
 from evidentia.indexer.pdf import PdfError
 from evidentia.indexer.worker import (
     BoundedCall,

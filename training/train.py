@@ -27,6 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Sequence
 
+from evidentia.retriever.query import query_text
 from evidentia.reranker.classifier_model import (
     Calibration,
     InputFormat,
@@ -36,7 +37,6 @@ from evidentia.reranker.classifier_model import (
     load_base_classifier,
     load_tokenizer,
     model_device,
-    query_text,
     quantization_config,
     score_margins,
     set_torch_threads,

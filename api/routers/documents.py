@@ -15,11 +15,11 @@ from fastapi.concurrency import run_in_threadpool
 from evidentia.api.deps import Caller, get_services, require_backend, require_tenant, run_blocking
 from evidentia.api.errors import ApiError, errors
 from evidentia.api.highlight import MAX_HIGHLIGHT_CHARS, MAX_TERMS, highlight_terms
-from evidentia.api.indexing import internal_id
 from evidentia.api.rendering import RenderRefused
+from evidentia.tenants import internal_id
 from evidentia.api.schemas import DocumentAccepted, DocumentList, DocumentOut, PageOut
 from evidentia.api.services import Services
-from evidentia.api.store import DOCUMENT_ID_RE, DocumentRow
+from evidentia.store import DOCUMENT_ID_RE, DocumentRow
 from evidentia.retriever.base import BackendError
 
 log = logging.getLogger("evidentia.api")

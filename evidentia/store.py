@@ -104,6 +104,16 @@ CREATE INDEX IF NOT EXISTS feedback_tenant ON feedback (tenant, id);
 """
 
 
+def store_path(data_dir: Path) -> Path:
+    """The SQLite store of tenants, keys, documents, validations and feedback."""
+    return Path(data_dir) / "api.sqlite3"
+
+
+def uploads_dir(data_dir: Path) -> Path:
+    """Where uploaded PDFs are kept, one folder per tenant."""
+    return Path(data_dir) / "uploads"
+
+
 class StoreError(RuntimeError):
     """The store cannot be opened or has another schema version."""
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
-from evidentia.indexer.language import LanguageDetector
+from evidentia.language import LanguageDetector
 from evidentia.indexer.pdf import PdfError, extract_pages
 from evidentia.indexer.worker import ExtractionLimits, extract_bounded
 from evidentia.records import Document

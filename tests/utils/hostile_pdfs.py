@@ -161,7 +161,7 @@ HOSTILE = {
 }
 
 
-if __name__ == "__main__":  # python tests/hostile_pdfs.py OUT_DIR: writes every file, for a look
+if __name__ == "__main__":  # python -m tests.utils.hostile_pdfs OUT_DIR: writes every file, for a look
     import sys
 
     out = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
