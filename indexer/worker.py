@@ -187,8 +187,8 @@ def _is_memory_error(text: str) -> bool:
 def _child_main(fn, args, memory_mb: int, sender) -> None:
     """Runs in the child: cap the address space, call, send back one message."""
     try:
-        if memory_mb > 0:
-            current = _virtual_memory_bytes()
+        current = _virtual_memory_bytes() if memory_mb > 0 else None
+        if current is not None:  # None where /proc is missing (macOS does not enforce RLIMIT_AS anyway)
             limit = current + memory_mb * (1 << 20)
             resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
         value = fn(*args)
@@ -207,9 +207,12 @@ def _child_main(fn, args, memory_mb: int, sender) -> None:
         sender.close()
 
 
-def _virtual_memory_bytes() -> int:
-    with open(f"/proc/{os.getpid()}/statm") as fh:
-        return int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+def _virtual_memory_bytes() -> int | None:
+    try:
+        with open(f"/proc/{os.getpid()}/statm") as fh:
+            return int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return None
 
 
 # -- extraction ---------------------------------------------------------------
