@@ -161,7 +161,8 @@ class Services:
     def _sweep_files(self) -> None:
         """Remove temporary uploads and upload folders no document refers to
         (a crash between writing the file and committing the row)."""
-        live = {Path(d.file_path).parent.resolve() for d in self.store.all_documents()}
+        live = {Path(f).parent.resolve() for d in self.store.all_documents()
+                for f in (d.file_path, d.next_file_path) if f}  # next_file_path: a re-upload being indexed
         for tenant_dir in self.uploads.iterdir():
             if not tenant_dir.is_dir():
                 continue

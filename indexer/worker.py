@@ -153,7 +153,7 @@ class BoundedCall:
             if status == "ok":
                 return value
             if status == "raised" and isinstance(value, self.passthrough):
-                if _is_memory_error(str(value)):
+                if "(out of memory)" in str(value):  # indexer/pdf.py's words for a failed allocation
                     raise self._memory_failure()
                 raise value
             if status == "memory" or (status == "raised" and _is_memory_error(str(value))):

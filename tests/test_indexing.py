@@ -155,3 +155,28 @@ def test_a_version_1_store_is_upgraded_in_place(tmp_path):
     row = store.get_document("t", "d")
     assert row.status == "ready" and row.attempts == 0 and row.next_generation is None
     store.close()
+
+
+def test_a_pending_reupload_survives_a_restart(tmp_path):
+    """A re-upload queued when the server stopped is indexed at the next start
+    (its file is not swept as an orphan), and the ready version is served meanwhile."""
+    v1 = H.real_report(tmp_path / "v1.pdf", pages=2)
+    v2 = H.real_report(tmp_path / "v2.pdf", pages=5)
+    with TestClient(make_app(tmp_path, **LIMITS)) as c:
+        wait_ready(c)
+        h = new_tenant(c, "restarted")
+        upload(c, h, v1, document_id="report")
+        assert wait_indexed(c, h, "report")["pages"] == 2
+        store = services_of(c).store
+    # as if the server stopped right after accepting the re-upload
+    folder = tmp_path / "api-data" / "uploads" / "restarted" / "gen-next"
+    folder.mkdir(parents=True)
+    path = folder / "report.pdf"
+    path.write_bytes(v2.read_bytes())
+    store = Store(tmp_path / "api-data" / "api.sqlite3")
+    row, superseded = store.put_document("restarted", "report", "v2.pdf", path.stat().st_size, str(path), "gen-next")
+    assert row.status == "ready" and row.next_status == "queued" and superseded == []
+    store.close()
+    with TestClient(make_app(tmp_path, **LIMITS)) as c:
+        d = wait_indexed(c, h, "report")
+        assert d["pages"] == 5 and d["filename"] == "v2.pdf" and d["reindex_status"] is None
