@@ -77,3 +77,34 @@ def test_a_missing_file_asks_for_a_retry(renderer, tmp_path):
     with pytest.raises(RenderRefused) as info:
         renderer.render("t1", "g1", str(tmp_path / "gone.pdf"), 1, 800, None)
     assert info.value.status == 409 and str(tmp_path) not in str(info.value)
+
+
+def test_concurrent_requests_of_one_tenant_wait_for_a_slot_and_share_the_render(tmp_path):
+    """The web page loads three thumbnails at once while a tenant may render one
+    page at a time: the others wait (without a thread) and mostly find the
+    image the first one rendered."""
+    import threading
+
+    from fastapi.testclient import TestClient
+
+    from tests.utils.api import make_app, new_tenant, ready_document, services_of, wait_ready
+
+    pdf = H.real_report(tmp_path / "r.pdf", pages=3)
+    with TestClient(make_app(tmp_path)) as c:
+        wait_ready(c)
+        h = new_tenant(c)
+        ready_document(c, h, pdf, "report")
+        statuses: list[int] = []
+        urls = [f"/v1/documents/report/pages/{1 + i % 3}.png?width=300" for i in range(9)]
+
+        def get(url: str) -> None:
+            statuses.append(c.get(url, headers=h).status_code)
+
+        threads = [threading.Thread(target=get, args=(u,)) for u in urls]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert statuses == [200] * 9
+        cache = services_of(c).renderer.cache_dir
+        assert len(list(cache.rglob("*.png"))) == 3  # one render per page

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import re
 import shutil
+import time
 import uuid
 from pathlib import Path
 
@@ -15,7 +17,7 @@ from fastapi.concurrency import run_in_threadpool
 from evidentia.api.deps import Caller, get_services, require_backend, require_tenant, run_blocking
 from evidentia.api.errors import ApiError, errors
 from evidentia.api.highlight import MAX_HIGHLIGHT_CHARS, MAX_TERMS, highlight_terms
-from evidentia.api.rendering import RenderRefused
+from evidentia.api.rendering import PageRenderer, RenderRefused
 from evidentia.tenants import internal_id
 from evidentia.api.schemas import DocumentAccepted, DocumentList, DocumentOut, PageOut
 from evidentia.api.services import Services
@@ -27,6 +29,7 @@ log = logging.getLogger("evidentia.api")
 router = APIRouter(prefix="/v1/documents", tags=["documents"])
 
 CHUNK = 1 << 20
+RENDER_SLOT_WAIT_S = 5.0  # a page image over the render caps waits this long for a slot, then 429/503
 PNG_MIN_WIDTH, PNG_MAX_WIDTH = 50, 2000
 
 DocumentId = PathParam(..., description="Your document id.", examples=["acme-2023"])
@@ -239,6 +242,28 @@ def _page_number(row: DocumentRow, page: int) -> None:
                        {"document_id": row.document_id, "page": page, "pages": row.pages})
 
 
+async def _rendered(renderer: PageRenderer, tenant: str, row: DocumentRow, page: int, width: int,
+                    terms: list[str] | None) -> bytes:
+    """The cached PNG, or one rendered in a slot. Slots are taken here, in the
+    event loop: a request over the caps waits without holding a thread (the web
+    page loads three thumbnails at once), looking again for the image another
+    request may have rendered meanwhile, and gets the 429/503 once it has waited
+    RENDER_SLOT_WAIT_S."""
+    waited_until = time.monotonic() + RENDER_SLOT_WAIT_S
+    while True:
+        png = await run_in_threadpool(renderer.cached, tenant, row.generation, page, width, terms)
+        if png is not None:
+            return png
+        try:
+            with renderer.slot(tenant):
+                return await run_in_threadpool(renderer.render, tenant, row.generation, row.file_path, page, width,
+                                               terms)
+        except RenderRefused as exc:
+            if exc.status not in (429, 503) or time.monotonic() >= waited_until:
+                raise
+        await asyncio.sleep(0.1)
+
+
 # Declared before the text route: "/pages/3.png" must not reach "/pages/{page}".
 @router.get(
     "/{document_id}/pages/{page}.png", summary="A page rendered as PNG",
@@ -261,13 +286,7 @@ async def page_png(
     _page_number(row, page)
     renderer, terms = services.renderer, highlight_terms(highlight)
     try:
-        png = await run_in_threadpool(renderer.cached, caller.tenant, row.generation, page, width, terms)
-        if png is None:
-            # the slot is taken here, in the event loop, before any thread: a flood gets
-            # 429/503 at once instead of piling up threads that wait
-            with renderer.slot(caller.tenant):
-                png = await run_in_threadpool(renderer.render, caller.tenant, row.generation, row.file_path, page,
-                                              width, terms)
+        png = await _rendered(renderer, caller.tenant, row, page, width, terms)
     except RenderRefused as exc:
         headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after else None
         raise ApiError(exc.status, exc.code, str(exc), {"document_id": document_id, "page": page},
