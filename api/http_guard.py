@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import anyio
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -105,7 +106,8 @@ class UploadKeyMiddleware:
     async def __call__(self, scope, receive, send) -> None:
         if (scope["type"] == "http" and scope.get("method") == "POST"
                 and scope.get("path", "").rstrip("/") == "/v1/documents"):
-            message = self._refusal(dict(scope.get("headers") or []))
+            # in a thread: the store's lock may be held by a write waiting on fsync
+            message = await anyio.to_thread.run_sync(self._refusal, dict(scope.get("headers") or []))
             if message is not None:
                 body = json.dumps(error_content("unauthorized", message)).encode()
                 await send({"type": "http.response.start", "status": 401,

@@ -83,6 +83,8 @@ class Monitor:
         self.url, self.server, self.victim_key = url, server, victim_key
         self.stop = threading.Event()
         self.health: list[float] = []
+        self.health_worst: tuple[float, str] = (0.0, "")  # latency, what was going on
+        self.phase = "start"
         self.health_errors = 0
         self.validate: list[float] = []
         self.validate_errors: list[str] = []
@@ -109,6 +111,8 @@ class Monitor:
                 except httpx.HTTPError:
                     ok = False
                 self.health.append(time.perf_counter() - t0)
+                if self.health[-1] > self.health_worst[0]:
+                    self.health_worst = (self.health[-1], self.phase)
                 self.health_errors += not ok
 
     def _validate(self) -> None:
@@ -193,6 +197,7 @@ def run(no_content_caps: bool) -> dict:
         server = psutil.Process(proc.pid)
         with Monitor(url, server, keys["victim"]) as mon:
             for name, path in files.items():
+                mon.phase = name
                 t0 = time.perf_counter()
                 r = attacker.post(url + "/v1/documents", data={"document_id": name},
                                   files={"file": (path.name, path.read_bytes(), "application/pdf")})
@@ -207,6 +212,7 @@ def run(no_content_caps: bool) -> dict:
                       file=sys.stderr)
             # the worst a file under the default caps can do: a page just under
             # EVIDENTIA_MAX_PAGE_CONTENT_MB of text operators, two at once (both index workers)
+            mon.phase = "near_cap_pages_at_once"
             near = [H.content_bomb(work / "files" / f"near_cap_{i}.pdf", inflated_mb=7.9) for i in (1, 2)]
             t0 = time.perf_counter()
             for i, path in enumerate(near, 1):
@@ -227,6 +233,7 @@ def run(no_content_caps: bool) -> dict:
                     with lock:
                         statuses.append(r.status_code)
 
+                mon.phase = "12_page_images_at_once"
                 t0 = time.perf_counter()
                 threads = [threading.Thread(target=fetch) for _ in range(12)]
                 for t in threads:
@@ -240,7 +247,7 @@ def run(no_content_caps: bool) -> dict:
         report.update(
             peak_rss_mb=round(mon.peak_rss / 2**20), peak_child_processes=mon.peak_children,
             health_requests=len(mon.health), health_errors=mon.health_errors,
-            health_max_s=round(max(mon.health), 3), health_p99_s=round(sorted(mon.health)[int(0.99 * len(mon.health))], 3),
+            health_max_s=round(max(mon.health), 3), health_max_during=mon.health_worst[1], health_p99_s=round(sorted(mon.health)[int(0.99 * len(mon.health))], 3),
             validate_requests=len(mon.validate), validate_errors=len(mon.validate_errors),
             validate_max_s=round(max(mon.validate), 3),
             validate_error_samples=mon.validate_errors[:3], load_after=os.getloadavg(),
@@ -276,7 +283,7 @@ def main() -> None:
     print(f"server peak memory (RSS, children included): {report['peak_rss_mb']} MB "
           f"({report['peak_child_processes']} child processes at most)")
     print(f"/health: {report['health_requests']} requests, {report['health_errors']} errors, "
-          f"max {report['health_max_s']} s, p99 {report['health_p99_s']} s")
+          f"max {report['health_max_s']} s (during {report['health_max_during']}), p99 {report['health_p99_s']} s")
     print(f"victim validate: {report['validate_requests']} requests, {report['validate_errors']} errors, "
           f"max {report['validate_max_s']} s {report['validate_error_samples'] or ''}")
 
