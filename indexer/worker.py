@@ -39,6 +39,9 @@ from typing import Any, Callable
 
 # Modules the forkserver imports once, so that each forked job starts warm.
 PRELOAD = ["evidentia.indexer.worker", "evidentia.indexer.pdf", "pymupdf"]
+# Background extraction yields the CPU to the API's own threads (validations on a
+# 2-core machine waited up to 2 s behind two CPU-bound extractions).
+EXTRACTION_NICE = 10
 MEMORY_WORDS = ("malloc", "calloc", "realloc", "out of memory", "cannot allocate", "memory")
 
 
@@ -93,7 +96,7 @@ class BoundedCall:
     and ``setting`` is the prefix of the settings named in them."""
 
     def __init__(self, fn: Callable[..., Any], args: tuple, *, timeout_s: float, memory_mb: int, what: str,
-                 setting: str, passthrough: tuple[type[BaseException], ...] = ()) -> None:
+                 setting: str, passthrough: tuple[type[BaseException], ...] = (), nice: int = 0) -> None:
         self.fn = fn
         self.args = args
         self.timeout_s = timeout_s
@@ -101,6 +104,7 @@ class BoundedCall:
         self.what = what
         self.setting = setting
         self.passthrough = passthrough
+        self.nice = nice
         self._lock = threading.Lock()
         self._process = None
         self._cancelled = False
@@ -119,7 +123,7 @@ class BoundedCall:
     def run(self) -> Any:
         ctx = _context()
         receiver, sender = ctx.Pipe(duplex=False)
-        process = ctx.Process(target=_child_main, args=(self.fn, self.args, self.memory_mb, sender),
+        process = ctx.Process(target=_child_main, args=(self.fn, self.args, self.memory_mb, self.nice, sender),
                               name=f"evidentia-{self.what}", daemon=True)
         with self._lock:
             if self._cancelled:
@@ -184,9 +188,11 @@ def _is_memory_error(text: str) -> bool:
     return any(word in low for word in MEMORY_WORDS) and ("fail" in low or "out of" in low or "cannot" in low)
 
 
-def _child_main(fn, args, memory_mb: int, sender) -> None:
-    """Runs in the child: cap the address space, call, send back one message."""
+def _child_main(fn, args, memory_mb: int, nice: int, sender) -> None:
+    """Runs in the child: cap the address space, lower the priority, call, send back one message."""
     try:
+        if nice > 0:
+            os.nice(nice)
         current = _virtual_memory_bytes() if memory_mb > 0 else None
         if current is not None:  # None where /proc is missing (macOS does not enforce RLIMIT_AS anyway)
             limit = current + memory_mb * (1 << 20)
@@ -335,7 +341,7 @@ def extraction_call(path: Path, doc_id: str, probe_chars: int, limits: Extractio
 
     return BoundedCall(extract_checked, (Path(path), doc_id, probe_chars, limits, extract_kwargs),
                        timeout_s=limits.timeout_s, memory_mb=limits.memory_mb, what="extraction",
-                       setting="EVIDENTIA_EXTRACT", passthrough=(PdfError,))
+                       setting="EVIDENTIA_EXTRACT", passthrough=(PdfError,), nice=EXTRACTION_NICE)
 
 
 def extract_bounded(path: Path, doc_id: str, probe_chars: int, limits: ExtractionLimits,
