@@ -87,8 +87,10 @@ class Monitor:
         self.phase = "start"
         self.health_errors = 0
         self.validate: list[float] = []
+        self.validate_phase: list[str] = []
         self.validate_errors: list[str] = []
         self.peak_rss = 0
+        self.peak_pss = 0
         self.peak_children = 0
         self.threads = [threading.Thread(target=f, daemon=True) for f in (self._health, self._validate, self._memory)]
 
@@ -128,9 +130,12 @@ class Monitor:
                 except httpx.HTTPError as exc:
                     self.validate_errors.append(repr(exc))
                 self.validate.append(time.perf_counter() - t0)
+                self.validate_phase.append(self.phase)
 
     def _memory(self) -> None:
+        samples = 0
         while not self.stop.wait(0.05):
+            samples += 1
             try:
                 procs = [self.server] + self.server.children(recursive=True)
             except psutil.Error:
@@ -142,7 +147,22 @@ class Monitor:
                 except psutil.Error:
                     pass
             self.peak_rss = max(self.peak_rss, total)
+            if samples % 5 == 0:  # PSS (pages shared with the fork server counted once) reads smaps: slower
+                pss = 0
+                for p in procs:
+                    try:
+                        pss += p.memory_full_info().pss
+                    except (psutil.Error, AttributeError):
+                        pass
+                self.peak_pss = max(self.peak_pss, pss)
             self.peak_children = max(self.peak_children, len(procs) - 1)
+
+
+def _summary(values: list[float]) -> dict:
+    if not values:
+        return {}
+    ordered = sorted(values)
+    return {"n": len(values), "p50_s": round(ordered[len(values) // 2], 3), "max_s": round(ordered[-1], 3)}
 
 
 def wait_outcome(c: httpx.Client, url: str, document_id: str, limit_s: float) -> dict:
@@ -196,6 +216,8 @@ def run(no_content_caps: bool) -> dict:
         attacker = httpx.Client(timeout=60, headers={"X-API-Key": keys["attacker"]})
         server = psutil.Process(proc.pid)
         with Monitor(url, server, keys["victim"]) as mon:
+            mon.phase = "baseline"  # 10 s without an attack: the machine's own latency (it is shared)
+            time.sleep(10)
             for name, path in files.items():
                 mon.phase = name
                 t0 = time.perf_counter()
@@ -245,11 +267,15 @@ def run(no_content_caps: bool) -> dict:
                                                     "file_bytes": image.stat().st_size}
             time.sleep(1.0)
         report.update(
-            peak_rss_mb=round(mon.peak_rss / 2**20), peak_child_processes=mon.peak_children,
+            peak_rss_mb=round(mon.peak_rss / 2**20), peak_pss_mb=round(mon.peak_pss / 2**20),
+            peak_child_processes=mon.peak_children,
             health_requests=len(mon.health), health_errors=mon.health_errors,
             health_max_s=round(max(mon.health), 3), health_max_during=mon.health_worst[1], health_p99_s=round(sorted(mon.health)[int(0.99 * len(mon.health))], 3),
             validate_requests=len(mon.validate), validate_errors=len(mon.validate_errors),
             validate_max_s=round(max(mon.validate), 3),
+            validate_baseline=_summary([v for v, ph in zip(mon.validate, mon.validate_phase) if ph == "baseline"]),
+            validate_attack=_summary([v for v, ph in zip(mon.validate, mon.validate_phase) if ph != "baseline"]),
+            health_baseline=_summary(mon.health[:150]),
             validate_error_samples=mon.validate_errors[:3], load_after=os.getloadavg(),
         )
         return report
@@ -280,12 +306,15 @@ def main() -> None:
     if "page_images_12_at_once" in report:
         p = report["page_images_12_at_once"]
         print(f"12 page images of the huge-image page at once: statuses {p['statuses']} in {p['seconds']} s")
-    print(f"server peak memory (RSS, children included): {report['peak_rss_mb']} MB "
+    print(f"server peak memory, children included: RSS {report['peak_rss_mb']} MB, "
+          f"PSS {report['peak_pss_mb']} MB (sampled every 0.25 s) "
           f"({report['peak_child_processes']} child processes at most)")
     print(f"/health: {report['health_requests']} requests, {report['health_errors']} errors, "
           f"max {report['health_max_s']} s (during {report['health_max_during']}), p99 {report['health_p99_s']} s")
     print(f"victim validate: {report['validate_requests']} requests, {report['validate_errors']} errors, "
           f"max {report['validate_max_s']} s {report['validate_error_samples'] or ''}")
+    print(f"victim validate without an attack (first 10 s): {report['validate_baseline']}; "
+          f"during the attack: {report['validate_attack']}")
 
 
 if __name__ == "__main__":
