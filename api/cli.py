@@ -52,7 +52,7 @@ def server_limits(settings) -> dict:
     }
 
 
-keys_app = typer.Typer(no_args_is_help=True, help="API keys of the validation API (written to its store).")
+keys_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="API keys of the validation API (written to its store).")
 
 
 def _store():

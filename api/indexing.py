@@ -57,6 +57,22 @@ class IndexingWorker:
         self._threads: list[threading.Thread] = []
         self._running: dict[tuple[str, str, str], BoundedCall] = {}
         self._running_lock = threading.Lock()
+        # (tenant, document_id) -> (pages done, pages in the document) while it is being
+        # indexed: transient, so kept in memory rather than written to the store
+        self._progress: dict[tuple[str, str], tuple[int, int]] = {}
+        self._progress_lock = threading.Lock()
+
+    def progress(self, tenant: str, document_id: str) -> tuple[int, int] | None:
+        """(pages done, pages in all) of a document being indexed, else None."""
+        with self._progress_lock:
+            return self._progress.get((tenant, document_id))
+
+    def _set_progress(self, tenant: str, document_id: str, done: int | None, total: int = 0) -> None:
+        with self._progress_lock:
+            if done is None:
+                self._progress.pop((tenant, document_id), None)
+            else:
+                self._progress[(tenant, document_id)] = (done, total)
 
     def start(self) -> None:
         pending = self.services.store.pending_documents()
@@ -172,6 +188,12 @@ class IndexingWorker:
         return None
 
     def _index(self, tenant: str, document_id: str, generation: str) -> None:
+        try:
+            self._index_document(tenant, document_id, generation)
+        finally:
+            self._set_progress(tenant, document_id, None)
+
+    def _index_document(self, tenant: str, document_id: str, generation: str) -> None:
         services = self.services
         store = services.store
         row = store.get_document(tenant, document_id)
@@ -192,9 +214,17 @@ class IndexingWorker:
         document = self._extract(tenant, document_id, generation, file_path)
         if document is None:
             return
+        self._set_progress(tenant, document_id, 0, document.page_count)
         if services.settings.dense:
+            done = 0
+
+            def on_embedded(pages: int) -> None:
+                nonlocal done
+                done += pages
+                self._set_progress(tenant, document_id, done, document.page_count)
+
             try:
-                document = embed_document(document, services.load_embedder())
+                document = embed_document(document, services.load_embedder(), on_embedded)
             except Exception as exc:  # EmbeddingError (model cannot load), tokenizer or torch errors
                 log.exception("embedding %s:%s", tenant, document_id)
                 self._fail(tenant, document_id, generation,

@@ -76,8 +76,7 @@ def eval_command(
     from evidentia.console import EXIT_BACKEND, EXIT_BAD_INPUT, Context, fail  # fail(): EXIT_USAGE
     from evidentia.config import ConfigError
     from evidentia.evaluation.queries import QueriesFileError, load_queries
-    from evidentia.evaluation.runner import (UnknownDocumentsError, all_doc_ids, missing_documents, parse_compare,
-                                             run_configs, summarize)
+    from evidentia.evaluation.runner import UnknownDocumentsError, all_doc_ids, parse_compare, run_configs, summarize
     from evidentia.retriever.base import BackendError, UnknownDocumentError
 
     try:
@@ -106,12 +105,8 @@ def eval_command(
     ctx = Context()
     pool = pool_size or ctx.settings.pool_size
     try:
-        ctx.backend  # noqa: B018 (opens it, or fails with the right exit code)
-        if pdf_dir is not None:
-            ctx.index_missing(all_doc_ids(items), pdf_dir)
-        missing = missing_documents(items, ctx.engine)
-        if missing:
-            raise fail(str(UnknownDocumentsError(missing, pdf_dir)), EXIT_BAD_INPUT)
+        ctx.require_documents(all_doc_ids(items), [pdf_dir] if pdf_dir else [],
+                              lambda missing: str(UnknownDocumentsError(missing, pdf_dir)))
         config_runs = run_configs(items, configs, ctx.engine, pool_size=pool)
     except ConfigError as exc:
         raise fail(str(exc))

@@ -10,7 +10,6 @@ the threshold sweep.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
@@ -72,10 +71,6 @@ def parse_compare(spec: str) -> list[RunConfig]:
 
 def all_doc_ids(queries: Sequence[EvalQuery]) -> list[str]:
     return list(dict.fromkeys(d for q in queries for d in q.doc_ids))
-
-
-def missing_documents(queries: Sequence[EvalQuery], engine: Engine) -> list[str]:
-    return engine.missing_documents(all_doc_ids(queries))
 
 
 # --------------------------------------------------------------------------- runs
@@ -141,7 +136,7 @@ class ConfigRun:
 def run_configs(queries: Sequence[EvalQuery], configs: Sequence[RunConfig], engine: Engine,
                 pool_size: Optional[int] = None, progress: bool = True) -> list[ConfigRun]:
     """Every query through every configuration; one reranking pass per (stage, reranker)."""
-    from tqdm import tqdm
+    from evidentia.progress import Progress
 
     pool_size = pool_size or engine.settings.pool_size
     # Build every reranker (without threshold: every page keeps its probability)
@@ -161,11 +156,12 @@ def run_configs(queries: Sequence[EvalQuery], configs: Sequence[RunConfig], engi
         if key not in passes:
             reranker = rerankers[key]
             run_config = RunConfig(stage=config.stage, reranker=config.reranker, pool_size=pool_size)
-            outputs = [
-                engine.search(q.question, q.answer, q.doc_ids, run_config, reranker=reranker)
-                for q in tqdm(queries, desc=run_config.label, unit="query", file=sys.stderr,
-                              disable=None if progress else True)
-            ]
+            outputs = []
+            with Progress(len(queries), run_config.label, "queries", show=progress,
+                          every_s=engine.settings.progress_interval_s) as bar:
+                for q in queries:
+                    outputs.append(engine.search(q.question, q.answer, q.doc_ids, run_config, reranker=reranker))
+                    bar.update()
             passes[key] = (reranker.outputs_probabilities, outputs)
         probabilistic, outputs = passes[key]
         runs = []

@@ -10,42 +10,77 @@ from typing import List, Optional
 import typer
 
 from evidentia.config import ConfigError
-from evidentia.console import EXIT_BACKEND, EXIT_BAD_INPUT, Context, fail
+from evidentia.console import EXIT_BACKEND, EXIT_BAD_INPUT, EXIT_FALLBACK, Context, fail, quiet_libraries
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+# rich_markup_mode=None: plain help, so flags read as `--json`, not `--json <bool>`
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Find the PDF pages that support a supplier's answer.")
 
 
-def _index(ctx: Context, paths: list[Path]) -> int:
+@app.callback()
+def main_options(verbose: bool = typer.Option(False, "--verbose", "-v",
+                                              help="Also show third-party progress bars and warnings.")):
+    quiet_libraries(verbose)
+
+
+TENANT_HELP = ("Tenant whose documents these are, as the API sees them (default EVIDENTIA_DEFAULT_TENANT, "
+               "'default'; `evidentia keys create --tenant default` gives the API access to them).")
+
+
+def _library(ctx: Context):
+    from evidentia.library import Library
+
+    ctx.backend  # noqa: B018 (opens it, or fails with the right exit code)
+    return Library(ctx.engine)
+
+
+def _tenant(library, tenant: Optional[str]) -> str:
+    from evidentia.library import LibraryError
+
+    try:
+        return library.tenant(tenant)
+    except LibraryError as exc:
+        raise fail(f"--tenant: {exc}")
+
+
+def _index(ctx: Context, paths: list[Path], tenant: Optional[str] = None) -> int:
     from evidentia.indexing import find_pdfs
     from evidentia.retriever.dense import EmbeddingError
 
+    library = _library(ctx)
+    tenant = _tenant(library, tenant)
     files, _ = find_pdfs(paths)
-    embedder = ctx.engine.indexing_embedder if files else None
-    if embedder is not None:
+    if ctx.engine.indexing_embedder is not None and files:
+        typer.echo(f"loading the embedding model ({ctx.settings.dense_model})…", err=True)
         try:
             ctx.engine.load_embedder()  # a bad EVIDENTIA_DENSE_MODEL fails before any work
         except EmbeddingError as exc:
             raise fail(f"{exc} (EVIDENTIA_DENSE=off indexes without embeddings)")
-    ctx.backend  # noqa: B018 (opens it, or fails with the right exit code)
-    summary = ctx.engine.index_paths(paths)
+    summary = library.index(tenant, paths)
     for failure in summary.failures:
         typer.echo(f"error: {failure.reason}", err=True)
     cost = summary.embedding_line()
     if cost:
         typer.echo(cost, err=True)
+    if not files and not summary.failures:
+        shown = ", ".join(str(p) for p in paths)
+        typer.echo(f"no PDF found in {shown} (files ending in .pdf, folders searched recursively)", err=True)
     typer.echo(summary.line())
-    return EXIT_BAD_INPUT if summary.failures else 0
+    if summary.documents:
+        typer.echo(f"tenant {tenant}: `evidentia docs --tenant {tenant}` lists them; an API key of this tenant "
+                   "sees them too", err=True)
+    return EXIT_BAD_INPUT if summary.failures or not files else 0
 
 
 @app.command()
-def index(paths: List[Path] = typer.Argument(..., help="PDF files or folders (searched recursively).")):
+def index(paths: List[Path] = typer.Argument(..., help="PDF files or folders (searched recursively)."),
+          tenant: Optional[str] = typer.Option(None, "--tenant", help=TENANT_HELP)):
     """Index PDFs page by page. Re-indexing a file replaces the document of the same id (its stem)."""
     from evidentia.retriever.base import BackendError
 
     ctx = Context()
     try:
-        code = _index(ctx, paths)
+        code = _index(ctx, paths, tenant)
     except BackendError as exc:
         raise fail(str(exc), EXIT_BACKEND)
     raise typer.Exit(code)
@@ -56,6 +91,7 @@ def search(
     doc: List[str] = typer.Option(..., "--doc", help="Document id to search in (repeatable)."),
     question: str = typer.Option(..., "--question", "-q"),
     answer: str = typer.Option("", "--answer", "-a"),
+    tenant: Optional[str] = typer.Option(None, "--tenant", help=TENANT_HELP),
     top_k: Optional[int] = typer.Option(None, "--top-k", help="Candidate pool size (default EVIDENTIA_POOL_SIZE, 20)."),
     reranker: Optional[str] = typer.Option(None, "--reranker", help="none, llm or classifier "
                                            "(default EVIDENTIA_DEFAULT_RERANKER, none)."),
@@ -63,6 +99,8 @@ def search(
                                         "(default EVIDENTIA_STAGE, bm25)."),
     threshold: Optional[float] = typer.Option(None, "--threshold", help="Drop pages whose relevance probability is "
                                               "below T (classifier; default EVIDENTIA_CLASSIFIER_THRESHOLD, 0.15)."),
+    strict: bool = typer.Option(False, "--strict", help=f"Exit with code {EXIT_FALLBACK} when the reranker could not "
+                                "rank and the first-stage order was returned instead."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ):
     """Rank the pages of the given documents for a question and its answer."""
@@ -72,74 +110,114 @@ def search(
     ctx = Context()
     if not question.strip():
         raise fail("--question is empty")
+    ctx.check_text(question, answer)
     config = ctx.config(stage=stage, reranker=reranker, threshold=threshold, pool_size=top_k)
+    library = _library(ctx)
+    tenant = _tenant(library, tenant)
     try:
-        ctx.backend  # noqa: B018 (opens it, or fails with the right exit code)
-        result = ctx.engine.search(question, answer, doc, config)
+        result = ctx.engine.search(question, answer, library.resolve(tenant, doc), config)
     except (ConfigError, EmbeddingError) as exc:
         raise fail(str(exc))
     except UnknownDocumentError as exc:
-        raise fail(f"{exc}; `evidentia docs` lists the indexed ones", EXIT_BAD_INPUT)
+        raise fail(f"{UnknownDocumentError(_external(exc.doc_ids))}; `evidentia docs` lists the indexed ones",
+                   EXIT_BAD_INPUT)
     except BackendError as exc:
         raise fail(str(exc), EXIT_BACKEND)
+    note = result.note
     if result.fallback_reason:
-        typer.echo(f"warning: {result.fallback_reason}", err=True)
+        typer.echo(f"warning: the {result.reranker} reranker could not rank, so the {config.stage} order is "
+                   f"shown: {result.fallback_reason}", err=True)
     if as_json:
         typer.echo(json.dumps({"pages": [
-            {"doc_id": p.doc_id, "page": p.page, "score": round(p.score, 6),
+            {"doc_id": _external([p.doc_id])[0], "page": p.page, "score": round(p.score, 6),
              **({"probability": round(p.probability, 6)} if p.probability is not None else {}),
              "snippet": p.snippet}
             for p in result.pages
-        ], "reranker": result.reranker, "fallback_reason": result.fallback_reason}, ensure_ascii=False))
-        return
-    if not result.pages:
-        typer.echo("no matching page")
-    for rank, p in enumerate(result.pages, 1):
-        prob = f" p={p.probability:.2f}" if p.probability is not None else ""
-        typer.echo(f"{rank:>3}. {p.doc_id}  p.{p.page:<4} score {p.score:7.3f}{prob}  {p.snippet[:160]}")
+        ], "tenant": tenant, "stage": config.stage, "reranker": result.reranker, "threshold": config.threshold,
+            "fallback": result.fallback_reason is not None, "fallback_reason": result.fallback_reason,
+            "candidates": len(result.candidates), "note": note}, ensure_ascii=False))
+    else:
+        if note:
+            typer.echo(note)
+        for rank, p in enumerate(result.pages, 1):
+            prob = f" p={p.probability:.2f}" if p.probability is not None else ""
+            typer.echo(f"{rank:>3}. {_external([p.doc_id])[0]}  p.{p.page:<4} score {p.score:7.3f}{prob}  "
+                       f"{p.snippet[:160]}")
+    if strict and result.fallback_reason:
+        raise typer.Exit(EXIT_FALLBACK)
+
+
+def _external(doc_ids) -> list[str]:
+    from evidentia.tenants import split_internal_id
+
+    return [(split_internal_id(d) or ("", d))[1] for d in doc_ids]
 
 
 @app.command()
-def docs(as_json: bool = typer.Option(False, "--json")):
-    """List indexed documents with their page counts."""
+def docs(tenant: Optional[str] = typer.Option(None, "--tenant", help="Only this tenant's documents "
+                                              "(default: every tenant's)."),
+         as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")):
+    """List indexed documents with their tenant and page counts."""
     ctx = Context()
-    infos = ctx.backend.list_documents()
+    library = _library(ctx)
+    if tenant is not None:
+        _tenant(library, tenant)
+    found = library.documents(tenant)
     if as_json:
         typer.echo(json.dumps({"documents": [
-            {"doc_id": d.doc_id, "pages": d.pages, "empty_pages": d.empty_pages, "languages": d.languages}
-            for d in infos
+            {"tenant": d.tenant, "doc_id": d.document_id, "pages": d.pages, "empty_pages": d.empty_pages,
+             "languages": d.languages}
+            for d in found
         ]}))
         return
-    if not infos:
-        typer.echo("no document indexed")
-    for d in infos:
+    if not found:
+        typer.echo("no document indexed" + (f" for tenant {tenant}" if tenant else ""))
+        return
+    typer.echo("tenant\tdocument\tpages\tempty\tlanguages (pages with text)")
+    for d in found:
         langs = ", ".join(f"{k}:{v}" for k, v in d.languages.items()) or "-"
-        typer.echo(f"{d.doc_id}\t{d.pages} pages\t{d.empty_pages} empty\t{langs}")
+        typer.echo(f"{d.tenant or '-'}\t{d.document_id}\t{d.pages}\t{d.empty_pages}\t{langs}")
+    if any(d.empty_pages for d in found):
+        typer.echo("empty pages have no extractable text (scans, pictures): they have no language and are not "
+                   "searched", err=True)
+    if any(d.tenant is None for d in found):
+        typer.echo("tenant '-': indexed outside any tenant (by `eval`/`dataset`, or before tenants existed); "
+                   "the default tenant's searches still find them", err=True)
 
 
 @app.command()
-def delete(doc_id: str = typer.Argument(...)):
-    """Remove a document and all its pages."""
+def delete(doc_id: str = typer.Argument(..., help="Document id (as `evidentia docs` lists it)."),
+           tenant: Optional[str] = typer.Option(None, "--tenant", help=TENANT_HELP)):
+    """Remove a document, its pages, its file and the feedback on it."""
     ctx = Context()
-    if not ctx.backend.delete_document(doc_id):
+    library = _library(ctx)
+    if not library.delete(_tenant(library, tenant), doc_id):
         raise fail(f"unknown document id: {doc_id}", EXIT_BAD_INPUT)
     typer.echo(f"deleted {doc_id}")
 
 
 @app.command()
-def demo():
+def demo(keep: bool = typer.Option(False, "--keep", help="Index the sample into EVIDENTIA_DATA_DIR and keep it "
+                                   "there (default: a temporary folder, removed afterwards).")):
     """Generate a small multilingual sample report, index it and answer one question."""
     from evidentia.samples import SAMPLE_ANSWER, SAMPLE_QUESTION, write_sample_report
 
-    ctx = Context()
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(prefix="evidentia-demo-") as tmp:
+        # the demo leaves nothing behind unless told: its index lives in the temporary folder
+        ctx = Context() if keep else Context(data_dir=Path(tmp) / "data")
         pdf = write_sample_report(Path(tmp) / "acme-sustainability-2023.pdf")
         _index(ctx, [pdf])
-    result = ctx.engine.search(SAMPLE_QUESTION, SAMPLE_ANSWER, ["acme-sustainability-2023"],
-                               ctx.config(stage="bm25", reranker="none", pool_size=3))
-    typer.echo(f"\nQ: {SAMPLE_QUESTION}\nA: {SAMPLE_ANSWER}\n")
-    for rank, c in enumerate(result.candidates, 1):
-        typer.echo(f"{rank}. page {c.page} (score {c.score:.2f}, {c.language}): {c.snippet[:200]}")
+        library = _library(ctx)
+        result = ctx.engine.search(SAMPLE_QUESTION, SAMPLE_ANSWER, library.resolve(None, ["acme-sustainability-2023"]),
+                                   ctx.config(stage="bm25", reranker="none", pool_size=3))
+        typer.echo(f"\nQ: {SAMPLE_QUESTION}\nA: {SAMPLE_ANSWER}\n")
+        for rank, c in enumerate(result.candidates, 1):
+            typer.echo(f"{rank}. page {c.page} (score {c.score:.2f}, {c.language}): {c.snippet[:200]}")
+        library.close()
+        ctx.engine.close()
+        where = (f"kept in {ctx.settings.data_dir} (remove it with `evidentia delete acme-sustainability-2023`)"
+                 if keep else "indexed in a temporary folder, now removed; `evidentia demo --keep` keeps it")
+        typer.echo(f"\nThe sample report was {where}. Your own files: `evidentia index FOLDER`.", err=True)
 
 
 def main() -> None:

@@ -106,6 +106,26 @@ class SearchResult:
     info: dict = field(default_factory=dict)
     timings_ms: dict[str, float] = field(default_factory=dict)
 
+    @property
+    def note(self) -> str | None:
+        """Why no page came back, and what to do about it (None when pages did)."""
+        if self.pages:
+            return None
+        if not self.query.keywords and self.config.stage == "bm25":
+            return ("no matching page: the question and answer hold no searchable word (only stop words or "
+                    "punctuation); add the words the evidence would use, or use the hybrid stage")
+        if not self.candidates:
+            return ("no matching page: no page of these documents contains any of the words "
+                    f"{', '.join(self.query.keywords[:8])}; try other words, or the hybrid stage (finds pages "
+                    "by meaning)")
+        best = self.info.get("best_probability")
+        best_text = f" (the best had p={best:.2f})" if best is not None else ""
+        n = len(self.candidates)
+        which = "the only candidate" if n == 1 else f"all {n} candidates"
+        threshold = f" {self.config.threshold:g}" if self.config.threshold is not None else ""
+        return (f"no page kept: {which} fell below the relevance threshold{threshold}{best_text}; lower the "
+                "threshold (e.g. to 0) to see them")
+
 
 class Engine:
     """Everything a search needs, opened lazily (``--help`` needs no index) and
@@ -225,6 +245,22 @@ class Engine:
             raise RunConfigError(problems)
         return RunConfig(stage=stage, reranker=name, threshold=threshold, pool_size=pool)
 
+    def check_text(self, question: str, answer: str) -> None:
+        """The limits on a question and its answer, the same for the CLI and the API
+        (EVIDENTIA_MAX_QUESTION_CHARS, EVIDENTIA_MAX_ANSWER_CHARS). RunConfigError otherwise."""
+        s = self.settings
+        problems: list[tuple[str, str]] = []
+        if not question.strip():
+            problems.append(("question", "must not be blank"))
+        if len(question) > s.max_question_chars:
+            problems.append(("question", f"at most {s.max_question_chars} characters (got {len(question)}; "
+                             "EVIDENTIA_MAX_QUESTION_CHARS)"))
+        if len(answer) > s.max_answer_chars:
+            problems.append(("answer", f"at most {s.max_answer_chars} characters (got {len(answer)}; "
+                             "EVIDENTIA_MAX_ANSWER_CHARS)"))
+        if problems:
+            raise RunConfigError(problems)
+
     # -- search ----------------------------------------------------------------
     def query(self, question: str, answer: str = "") -> Query:
         return build_query(question, answer, self.detector)
@@ -278,14 +314,18 @@ class Engine:
         return self.run(self.query(question, answer), doc_ids, config, **kwargs)
 
     # -- indexing --------------------------------------------------------------
-    def index_paths(self, paths: Sequence[Path], progress: bool = True) -> "IndexSummary":
-        """Index PDFs (files or folders), with page embeddings unless EVIDENTIA_DENSE=off."""
+    def index_paths(self, paths: Sequence[Path], progress: bool = True,
+                    doc_id_of: Callable[[Path], str] | None = None) -> "IndexSummary":
+        """Index PDFs (files or folders), with page embeddings unless EVIDENTIA_DENSE=off;
+        a document's id is ``doc_id_of(path)`` (default: the file's stem)."""
         from evidentia.indexer.worker import ExtractionLimits
         from evidentia.indexing import index_paths_with_progress
 
         # bounded like the API's uploads (EVIDENTIA_EXTRACT_*, EVIDENTIA_MAX_*): a hostile file is one failure
         return index_paths_with_progress(paths, self.backend, self.detector, embedder=self.indexing_embedder,
-                                         show=progress, limits=ExtractionLimits.from_settings(self.settings))
+                                         show=progress, doc_id_of=doc_id_of or (lambda path: path.stem),
+                                         every_s=self.settings.progress_interval_s,
+                                         limits=ExtractionLimits.from_settings(self.settings))
 
     def missing_documents(self, doc_ids: Sequence[str]) -> list[str]:
         indexed = {d.doc_id for d in self.backend.list_documents()}

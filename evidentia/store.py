@@ -321,6 +321,13 @@ class Store:
         with self._tx() as c:
             return c.execute("DELETE FROM api_keys WHERE key_id = ?", (key_id,)).rowcount > 0
 
+    def add_tenant(self, tenant: str) -> None:
+        """Make ``tenant`` known (a key creates its tenant; so does `evidentia index --tenant`)."""
+        if not TENANT_RE.match(tenant):
+            raise StoreError(f"invalid tenant {tenant!r}")
+        with self._tx() as c:
+            c.execute("INSERT OR IGNORE INTO tenants (name, created) VALUES (?, ?)", (tenant, now()))
+
     def tenants(self) -> list[str]:
         return [r["name"] for r in self._query("SELECT name FROM tenants ORDER BY name")]
 

@@ -85,4 +85,7 @@ class ClassifierReranker(Reranker):
             for c, p in ranked
             if self.threshold is None or p >= self.threshold
         ]
-        return RerankResult(pages=pages, info={"model": str(self.model_dir), "scored": len(candidates)})
+        # the best probability tells the user how far the threshold is from keeping anything
+        return RerankResult(pages=pages, info={"model": str(self.model_dir), "scored": len(candidates),
+                                               "best_probability": max(probs),
+                                               "below_threshold": len(candidates) - len(pages)})

@@ -413,6 +413,9 @@ class LLMReranker(Reranker):
                 self._client = openai.OpenAI(api_key=self.api_key, base_url=self.base_url,
                                              timeout=self.timeout_s, max_retries=0)
             except Exception as exc:
+                if "api_key" in str(exc):  # the client's own message names an option and is cut in a UI
+                    raise LLMFailure("LLM not configured: no API key; set EVIDENTIA_LLM_API_KEY (or "
+                                     "OPENAI_API_KEY) on the server") from None
                 raise LLMFailure(f"LLM not configured: {_describe(exc)}") from None
         return self._client
 

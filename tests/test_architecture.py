@@ -38,7 +38,7 @@ def layer_of(module: str) -> str:
     if len(parts) > 1 and parts[1] in ("indexer", "retriever", "reranker", "api", "training", "evaluation"):
         # each package's command-line module is part of the CLI layer
         return "cli" if parts[-1] in ("cli", "models_cli", "embed_cli") else parts[1]
-    if module in ("evidentia.engine", "evidentia.indexing"):
+    if module in ("evidentia.engine", "evidentia.indexing", "evidentia.library"):
         return "engine"
     return "cli"  # evidentia.cli, evidentia.console, evidentia.__init__
 

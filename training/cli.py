@@ -10,6 +10,10 @@ from typing import List, Optional
 import typer
 
 
+def _missing_message(flag: str):
+    return lambda missing: f"documents not indexed: {', '.join(missing[:10])}; pass {flag}"
+
+
 def dataset_command(
     out: Path = typer.Option(..., "--out", help="JSONL file of training records to write."),
     queries: Optional[Path] = typer.Option(None, "--queries", help="Labelled queries (the eval format)."),
@@ -29,7 +33,7 @@ def dataset_command(
     queries, and ClimRetrieve passages. Held-out queries never contribute a record."""
     from evidentia.console import EXIT_BAD_INPUT, Context, fail
     from evidentia.evaluation.queries import QueriesFileError, load_queries
-    from evidentia.evaluation.runner import all_doc_ids, missing_documents
+    from evidentia.evaluation.runner import all_doc_ids
     from evidentia.training.dataset import (DatasetError, dedupe, records_from_climretrieve,
                                             records_from_queries, split_groups, write_records)
 
@@ -58,12 +62,7 @@ def dataset_command(
             typer.echo(f"held out {len(qs) - len(train_qs)} of {len(qs)} queries ({len(held)} {split_by} group(s))",
                        err=True)
             qs = train_qs
-        ctx.backend  # noqa: B018 (opens it, or fails with the right exit code)
-        if pdf_dir is not None:
-            ctx.index_missing(all_doc_ids(qs), pdf_dir)
-        missing = missing_documents(qs, ctx.engine)
-        if missing:
-            raise fail(f"documents not indexed: {', '.join(missing[:10])}; pass --pdf-dir", EXIT_BAD_INPUT)
+        ctx.require_documents(all_doc_ids(qs), [pdf_dir] if pdf_dir else [], _missing_message("--pdf-dir"))
         records.extend(records_from_queries(qs, ctx.engine, negatives_per_query=negatives,
                                             pool_size=ctx.settings.pool_size))
     if climretrieve is not None:
@@ -147,13 +146,11 @@ def distill_command(
 ):
     """Distil training records from an LLM (EVIDENTIA_LLM_*): one yes/no + confidence judgement per page
     of each query's BM25 pool. Pages whose judgement fails are skipped and counted, never labelled."""
-    import sys
-
-    from tqdm import tqdm
+    from evidentia.progress import Progress
 
     from evidentia.console import EXIT_BACKEND, EXIT_BAD_INPUT, Context, fail
     from evidentia.evaluation.queries import QueriesFileError
-    from evidentia.evaluation.runner import all_doc_ids, missing_documents
+    from evidentia.evaluation.runner import all_doc_ids
     from evidentia.reranker.llm import LLMFailure
     from evidentia.retriever.base import BackendError, UnknownDocumentError
     from evidentia.training.dataset import write_records
@@ -185,15 +182,10 @@ def distill_command(
     bars: list = []  # the progress bar starts once the pool is known (after any indexing)
 
     def start(pages: int) -> None:
-        bars.append(tqdm(total=pages, unit="page", desc="judging", file=sys.stderr, disable=None))
+        bars.append(Progress(pages, "judging", "pages", every_s=ctx.settings.progress_interval_s))
 
     try:
-        ctx.backend  # noqa: B018 (opens it, or fails with the right exit code)
-        for path in docs or []:
-            ctx.index_missing(all_doc_ids(qs), path)
-        missing = missing_documents(qs, ctx.engine)
-        if missing:
-            raise fail(f"documents not indexed: {', '.join(missing[:10])}; pass --docs", EXIT_BAD_INPUT)
+        ctx.require_documents(all_doc_ids(qs), docs or [], _missing_message("--docs"))
         if defs is not None:
             matched = sum(1 for q in qs if defs.lookup(q.question) is not None)
             typer.echo(f"definitions: {matched} of {len(qs)} queries have one", err=True)
@@ -228,14 +220,12 @@ def calibrate_command(
 ):
     """Fit the classifier's calibration on labelled first-stage pools: its probability becomes
     P(relevant | model margin, place in the pool), so it ranks, thresholds and is calibrated on what it reranks."""
-    import sys
-
-    from tqdm import tqdm
+    from evidentia.progress import Progress
 
     from evidentia.config import STAGES, ConfigError
     from evidentia.console import EXIT_BACKEND, EXIT_BAD_INPUT, Context, fail
     from evidentia.evaluation.queries import QueriesFileError, load_queries
-    from evidentia.evaluation.runner import all_doc_ids, missing_documents
+    from evidentia.evaluation.runner import all_doc_ids
     from evidentia.reranker.classifier import ClassifierReranker
     from evidentia.reranker.classifier_model import ModelLoadError
     from evidentia.retriever.base import BackendError
@@ -258,12 +248,7 @@ def calibrate_command(
     except ModelLoadError as exc:
         raise fail(str(exc), EXIT_BAD_INPUT)
     try:
-        ctx.backend  # noqa: B018 (opens it, or fails with the right exit code)
-        if pdf_dir is not None:
-            ctx.index_missing(all_doc_ids(qs), pdf_dir)
-        missing = missing_documents(qs, ctx.engine)
-        if missing:
-            raise fail(f"documents not indexed: {', '.join(missing[:10])}; pass --pdf-dir", EXIT_BAD_INPUT)
+        ctx.require_documents(all_doc_ids(qs), [pdf_dir] if pdf_dir else [], _missing_message("--pdf-dir"))
         pools = []
         for name in stages:
             config = ctx.config(stage=name, reranker="none", pool_size=pool_size,
@@ -274,8 +259,8 @@ def calibrate_command(
         raise fail(str(exc))
     except BackendError as exc:
         raise fail(str(exc), EXIT_BACKEND)
-    with tqdm(total=sum(len(c) for _, c in pools), unit="page", desc="scoring pools", file=sys.stderr,
-              disable=None) as bar:
+    with Progress(sum(len(c) for _, c in pools), "scoring pools", "pages",
+                  every_s=ctx.settings.progress_interval_s) as bar:
         pages = score_pools(reranker, pools, on_page=bar.update)
     try:
         result = calibrate(model, pages, stages, queries_source=queries.name)  # no path of this machine

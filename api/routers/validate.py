@@ -34,12 +34,11 @@ def _limits(services: Services, body: ValidateRequest) -> tuple[list[str], RunCo
     def problem(field: str, message: str) -> None:
         problems.append({"loc": ["body", field], "message": message, "type": "value_error"})
 
-    if not body.question.strip():
-        problem("question", "must not be blank")
-    if len(body.question) > s.max_question_chars:
-        problem("question", f"at most {s.max_question_chars} characters (got {len(body.question)})")
-    if len(body.answer) > s.max_answer_chars:
-        problem("answer", f"at most {s.max_answer_chars} characters (got {len(body.answer)})")
+    try:
+        services.engine.check_text(body.question, body.answer)
+    except RunConfigError as exc:
+        for option, message in exc.problems:
+            problem(option, message)
     document_ids = list(dict.fromkeys(body.document_ids))
     if len(document_ids) > s.max_documents_per_validation:
         problem("document_ids", f"at most {s.max_documents_per_validation} documents per validation "
@@ -159,4 +158,5 @@ async def validate(body: ValidateRequest, caller: Caller = Depends(require_tenan
         m.fallbacks.labels(result.reranker).inc()
     return ValidateResponse(validation_id=validation.validation_id, pages=pages, reranker=result.reranker, stage=stage,
                             fallback_reason=result.fallback_reason,
-                            timings_ms={k: round(v, 2) for k, v in timings.items()}, model_version=version)
+                            timings_ms={k: round(v, 2) for k, v in timings.items()}, model_version=version,
+                            candidates=len(result.candidates), note=result.note)
