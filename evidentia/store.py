@@ -345,11 +345,12 @@ class Store:
         )
 
     def put_document(self, tenant: str, document_id: str, filename: str, size_bytes: int, file_path: str,
-                     generation: str) -> tuple[DocumentRow, list[tuple[str, str]]]:
+                     generation: str, replace_ready: bool = False) -> tuple[DocumentRow, list[tuple[str, str]]]:
         """Insert a queued document, or replace an earlier upload of the same id.
         A ``ready`` document is not replaced at once: the upload becomes its
         ``next_*`` version, indexed while the ready one is served, and swapped in
-        when it is ready (``promote_next``). Returns (the row, the superseded
+        when it is ready (``promote_next``); ``replace_ready`` replaces it at once
+        (the CLI, which has already indexed the file). Returns (the row, the superseded
         uploads as (generation, file_path): their indexing is to be cancelled and
         their files removed; never the version being served)."""
         ts = now()
@@ -360,7 +361,7 @@ class Store:
             old_row = self._document(old) if old else None
             if old_row is not None and old_row.next_generation and old_row.next_file_path:
                 superseded.append((old_row.next_generation, old_row.next_file_path))
-            if old_row is not None and old_row.status == "ready":
+            if old_row is not None and old_row.status == "ready" and not replace_ready:
                 c.execute(
                     "UPDATE documents SET next_generation = ?, next_file_path = ?, next_filename = ?, "
                     "next_size_bytes = ?, next_status = 'queued', next_reason = NULL, attempts = 0, updated = ? "
