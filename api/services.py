@@ -132,6 +132,9 @@ class Services:
         while not self._stopping.is_set():
             if self.backend is None:
                 try:
+                    # the query-side language detector (langdetect's profiles: ~1 s); indexing
+                    # no longer loads it in this process (extraction runs in a child)
+                    self.engine.detector  # noqa: B018
                     self._sweep_index(self.engine.backend)
                     self.checks["index"] = "ok"
                     self.backend_ready.set()
