@@ -37,14 +37,16 @@ def test_hostile_uploads_never_take_the_server_down(tmp_path):
     bench = bench_module()
     env = {k: v for k, v in os.environ.items() if not k.startswith("EVIDENTIA_")}
     env.update(EVIDENTIA_DATA_DIR=str(tmp_path / "data"), EVIDENTIA_ADMIN_KEY=ADMIN, EVIDENTIA_DENSE="off",
-               EVIDENTIA_EXTRACT_TIMEOUT_S="4", EVIDENTIA_EXTRACT_MEMORY_MB="300",
+               EVIDENTIA_EXTRACT_TIMEOUT_S="10", EVIDENTIA_EXTRACT_MEMORY_MB="300",
                EVIDENTIA_MAX_PAGE_CHARS="20000", EVIDENTIA_RENDER_MEMORY_MB="200", EVIDENTIA_RENDER_TIMEOUT_S="3",
                # content caps lifted: the memory and time limits must hold on their own
                EVIDENTIA_MAX_PAGE_CONTENT_MB="100000", EVIDENTIA_MAX_DOCUMENT_CONTENT_MB="100000")
     files = {
         # memory or time, whichever comes first on a loaded machine (each alone: tests/test_worker.py)
         "bomb": (H.content_bomb(tmp_path / "bomb.pdf", inflated_mb=128), "(EVIDENTIA_EXTRACT_"),
-        "spaces": (H.spaces_bomb(tmp_path / "spaces.pdf", inflated_mb=1024), "took longer than 4 s"),
+        # ten pages sharing 512 MB of spaces: about a minute of parsing, no text, no memory
+        "spaces": (H.shared_stream(tmp_path / "spaces.pdf", pages=10, inflated_mb=512, chunk=b" " * 4096),
+                   "took longer than 10 s"),
         "shared": (H.shared_stream(tmp_path / "shared.pdf", pages=10, inflated_mb=64), "(EVIDENTIA_EXTRACT_"),
         "long": (H.long_page(tmp_path / "long.pdf", chars=40_000), "page 1: more than 20000 characters"),
         "random": (H.random_after_header(tmp_path / "random.pdf"), "corrupted PDF"),
@@ -77,7 +79,7 @@ def test_hostile_uploads_never_take_the_server_down(tmp_path):
             assert str(tmp_path) not in d["reason"], d["reason"]
             page = attacker.get(f"{url}/v1/documents/{name}/pages/1")
             assert page.status_code == 409 and page.json()["error"]["code"] == "document_not_ready"
-        assert elapsed < 40
+        assert elapsed < 60
         assert mon.health and max(mon.health) < 1.0, max(mon.health)
         assert mon.health_errors == 0
         assert mon.validate and not mon.validate_errors, mon.validate_errors[:3]
