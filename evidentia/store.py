@@ -25,11 +25,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # 2: documents.ocr; 3: attempts and next_* (re-index while serving)
 # Columns added after version 1 (ALTER TABLE on open; a version-1 store is upgraded in place).
 # attempts: starts of the current upload's indexing (bounded: a file that kills the server is not
 # retried forever); next_*: a re-upload of a ready document, indexed while the ready version is served.
 ADDED_DOCUMENT_COLUMNS = {
+    "ocr": "TEXT NOT NULL DEFAULT '{}'",  # version 2: pages OCR'd / left unread
     "attempts": "INTEGER NOT NULL DEFAULT 0",
     "next_generation": "TEXT",
     "next_file_path": "TEXT",
@@ -65,6 +66,7 @@ CREATE TABLE IF NOT EXISTS documents (
     pages INTEGER,
     empty_pages INTEGER,
     languages TEXT NOT NULL DEFAULT '{}',
+    ocr TEXT NOT NULL DEFAULT '{}',
     filename TEXT NOT NULL,
     size_bytes INTEGER NOT NULL,
     file_path TEXT NOT NULL,
@@ -164,6 +166,8 @@ class DocumentRow:
     generation: str
     created: str
     updated: str
+    # {"ocr_pages": n, "unread_pages": n, "ocr_confidence": x}; {} before indexing
+    ocr: dict = field(default_factory=dict)
     attempts: int = 0
     # a re-upload being indexed while this (ready) version is served; see put_document
     next_generation: str | None = None
@@ -234,7 +238,7 @@ class Store:
             self._conn.execute("PRAGMA foreign_keys=ON")
             self._conn.execute("PRAGMA busy_timeout=10000")
             version = self._conn.execute("PRAGMA user_version").fetchone()[0]
-            if version not in (0, 1, SCHEMA_VERSION):
+            if version not in (0, 1, 2, SCHEMA_VERSION):
                 raise StoreError(f"{self.path} has schema version {version}, this Evidentia needs "
                                  f"{SCHEMA_VERSION}")
             # CREATE ... IF NOT EXISTS: idempotent, so a crash half-way is redone next start
@@ -337,7 +341,7 @@ class Store:
         return DocumentRow(
             tenant=row["tenant"], document_id=row["document_id"], status=row["status"], reason=row["reason"],
             pages=row["pages"], empty_pages=row["empty_pages"], languages=json.loads(row["languages"] or "{}"),
-            filename=row["filename"], size_bytes=row["size_bytes"], file_path=row["file_path"],
+            ocr=json.loads(row["ocr"] or "{}"), filename=row["filename"], size_bytes=row["size_bytes"], file_path=row["file_path"],
             generation=row["generation"], created=row["created"], updated=row["updated"],
             attempts=row["attempts"], next_generation=row["next_generation"], next_file_path=row["next_file_path"],
             next_filename=row["next_filename"], next_size_bytes=row["next_size_bytes"],
@@ -375,7 +379,7 @@ class Store:
                     "filename, size_bytes, file_path, generation, created, updated) "
                     "VALUES (?, ?, 'queued', NULL, NULL, NULL, '{}', ?, ?, ?, ?, ?, ?) "
                     "ON CONFLICT (tenant, document_id) DO UPDATE SET status = 'queued', reason = NULL, pages = NULL, "
-                    "empty_pages = NULL, languages = '{}', filename = excluded.filename, "
+                    "empty_pages = NULL, languages = '{}', ocr = '{}', filename = excluded.filename, "
                     "size_bytes = excluded.size_bytes, file_path = excluded.file_path, "
                     "generation = excluded.generation, updated = excluded.updated, attempts = 0, "
                     "next_generation = NULL, next_file_path = NULL, next_filename = NULL, next_size_bytes = NULL, "
@@ -413,7 +417,7 @@ class Store:
                 (reason, now(), tenant, document_id, generation)).rowcount > 0
 
     def promote_next(self, tenant: str, document_id: str, generation: str, pages: int, empty_pages: int,
-                     languages: dict[str, int]) -> DocumentRow | None:
+                     languages: dict[str, int], ocr: dict | None = None) -> DocumentRow | None:
         """The re-upload ``generation`` is indexed: it becomes the served version.
         Returns the row as it was before (its file is now unreferenced), or None
         when the re-upload is stale."""
@@ -423,12 +427,12 @@ class Store:
             if old is None:
                 return None
             c.execute(
-                "UPDATE documents SET status = 'ready', reason = NULL, pages = ?, empty_pages = ?, languages = ?, "
+                "UPDATE documents SET status = 'ready', reason = NULL, pages = ?, empty_pages = ?, languages = ?, ocr = ?, "
                 "filename = next_filename, size_bytes = next_size_bytes, file_path = next_file_path, "
                 "generation = next_generation, attempts = 0, next_generation = NULL, next_file_path = NULL, "
                 "next_filename = NULL, next_size_bytes = NULL, next_status = NULL, next_reason = NULL, updated = ? "
                 "WHERE tenant = ? AND document_id = ?",
-                (pages, empty_pages, json.dumps(languages or {}), now(), tenant, document_id))
+                (pages, empty_pages, json.dumps(languages or {}), json.dumps(ocr or {}), now(), tenant, document_id))
         return self._document(old)
 
     def get_document(self, tenant: str, document_id: str) -> DocumentRow | None:
@@ -458,16 +462,16 @@ class Store:
 
     def set_status(self, tenant: str, document_id: str, generation: str, status: str, reason: str | None = None,
                    pages: int | None = None, empty_pages: int | None = None,
-                   languages: dict[str, int] | None = None) -> bool:
+                   languages: dict[str, int] | None = None, ocr: dict | None = None) -> bool:
         """Update a document's status, only if it is still the upload ``generation``
         (a newer upload or a delete wins). False when it no longer is."""
         assert status in STATUSES
         with self._tx() as c:
             cur = c.execute(
-                "UPDATE documents SET status = ?, reason = ?, pages = ?, empty_pages = ?, languages = ?, updated = ? "
-                "WHERE tenant = ? AND document_id = ? AND generation = ?",
-                (status, reason, pages, empty_pages, json.dumps(languages or {}), now(), tenant, document_id,
-                 generation),
+                "UPDATE documents SET status = ?, reason = ?, pages = ?, empty_pages = ?, languages = ?, ocr = ?, "
+                "updated = ? WHERE tenant = ? AND document_id = ? AND generation = ?",
+                (status, reason, pages, empty_pages, json.dumps(languages or {}), json.dumps(ocr or {}), now(),
+                 tenant, document_id, generation),
             )
             return cur.rowcount > 0
 

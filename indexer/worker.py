@@ -96,7 +96,8 @@ class BoundedCall:
     and ``setting`` is the prefix of the settings named in them."""
 
     def __init__(self, fn: Callable[..., Any], args: tuple, *, timeout_s: float, memory_mb: int, what: str,
-                 setting: str, passthrough: tuple[type[BaseException], ...] = (), nice: int = 0) -> None:
+                 setting: str, passthrough: tuple[type[BaseException], ...] = (), nice: int = 0,
+                 on_progress: Callable[[Any], None] | None = None) -> None:
         self.fn = fn
         self.args = args
         self.timeout_s = timeout_s
@@ -105,6 +106,7 @@ class BoundedCall:
         self.setting = setting
         self.passthrough = passthrough
         self.nice = nice
+        self.on_progress = on_progress
         self._lock = threading.Lock()
         self._process = None
         self._cancelled = False
@@ -123,7 +125,8 @@ class BoundedCall:
     def run(self) -> Any:
         ctx = _context()
         receiver, sender = ctx.Pipe(duplex=False)
-        process = ctx.Process(target=_child_main, args=(self.fn, self.args, self.memory_mb, self.nice, sender),
+        process = ctx.Process(target=_child_main, args=(self.fn, self.args, self.memory_mb, self.nice, sender,
+                                                          self.on_progress is not None),
                               name=f"evidentia-{self.what}", daemon=True)
         with self._lock:
             if self._cancelled:
@@ -146,6 +149,11 @@ class BoundedCall:
                         message = receiver.recv()
                     except (EOFError, OSError):
                         message = ("crashed", None)
+                    if message[0] == "progress":  # the child reports as it goes (OCR'd pages)
+                        if self.on_progress is not None and not self._cancelled:
+                            self.on_progress(message[1])
+                        message = None
+                        continue
                 elif process.sentinel in ready:
                     # the child ended without a word: killed (cancel, the OOM killer) or crashed
                     if receiver.poll(0):
@@ -188,8 +196,10 @@ def _is_memory_error(text: str) -> bool:
     return any(word in low for word in MEMORY_WORDS) and ("fail" in low or "out of" in low or "cannot" in low)
 
 
-def _child_main(fn, args, memory_mb: int, nice: int, sender) -> None:
-    """Runs in the child: cap the address space, lower the priority, call, send back one message."""
+def _child_main(fn, args, memory_mb: int, nice: int, sender, reports: bool = False) -> None:
+    """Runs in the child: cap the address space, lower the priority, call, send back
+    one message (after ``("progress", item)`` messages when ``fn`` reports: it is then
+    called with ``report=``)."""
     try:
         if nice > 0:
             os.nice(nice)
@@ -197,7 +207,10 @@ def _child_main(fn, args, memory_mb: int, nice: int, sender) -> None:
         if current is not None:  # None where /proc is missing (macOS does not enforce RLIMIT_AS anyway)
             limit = current + memory_mb * (1 << 20)
             resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-        value = fn(*args)
+        if reports:
+            value = fn(*args, report=lambda item: sender.send(("progress", item)))
+        else:
+            value = fn(*args)
         message = ("ok", value)
     except MemoryError:
         message = ("memory", None)
@@ -321,19 +334,25 @@ class TextCaps:
 
 
 def extract_checked(path: Path, doc_id: str, probe_chars: int, limits: ExtractionLimits,
-                    extract_kwargs: dict | None = None):
-    """The child's job: size checks, the whole extraction, the text caps."""
+                    extract_kwargs: dict | None = None, report: Callable[[Any], None] | None = None):
+    """The child's job: size checks, the whole extraction (OCR included, with the
+    ``ocr`` engine of ``extract_kwargs``), the text caps; ``report(page_text)``
+    after each page OCR'd."""
     from evidentia.language import LanguageDetector
     from evidentia.indexer.pdf import extract_pages
 
     path = Path(path)
     check_content_size(path, limits)
     detector = LanguageDetector(probe_chars=probe_chars)
-    return extract_pages(path, doc_id, detector, check_page=TextCaps(limits, path.name), **(extract_kwargs or {}))
+    kwargs = dict(extract_kwargs or {})
+    if report is not None:
+        kwargs["on_ocr_page"] = report  # each OCR'd page (its PageText) goes back to the parent
+    return extract_pages(path, doc_id, detector, check_page=TextCaps(limits, path.name), **kwargs)
 
 
 def extraction_call(path: Path, doc_id: str, probe_chars: int, limits: ExtractionLimits,
-                    extract_kwargs: dict | None = None) -> BoundedCall:
+                    extract_kwargs: dict | None = None,
+                    on_progress: Callable[[Any], None] | None = None) -> BoundedCall:
     """A ``BoundedCall`` extracting ``path``; ``run()`` returns the ``Document`` or
     raises ``PdfError`` (the file's own problem) or ``WorkFailed`` (a limit, a crash,
     a cancel), each with a one-line reason that names the file, never a server path."""
@@ -341,16 +360,17 @@ def extraction_call(path: Path, doc_id: str, probe_chars: int, limits: Extractio
 
     return BoundedCall(extract_checked, (Path(path), doc_id, probe_chars, limits, extract_kwargs),
                        timeout_s=limits.timeout_s, memory_mb=limits.memory_mb, what="extraction",
-                       setting="EVIDENTIA_EXTRACT", passthrough=(PdfError,), nice=EXTRACTION_NICE)
+                       setting="EVIDENTIA_EXTRACT", passthrough=(PdfError,), nice=EXTRACTION_NICE,
+                       on_progress=on_progress)
 
 
 def extract_bounded(path: Path, doc_id: str, probe_chars: int, limits: ExtractionLimits,
-                    extract_kwargs: dict | None = None):
+                    extract_kwargs: dict | None = None, on_progress: Callable[[Any], None] | None = None):
     """``extraction_call(...).run()``, with ``WorkFailed`` turned into ``PdfError``
     prefixed by the file name, so callers handle one exception type."""
     from evidentia.indexer.pdf import PdfError
 
     try:
-        return extraction_call(path, doc_id, probe_chars, limits, extract_kwargs).run()
+        return extraction_call(path, doc_id, probe_chars, limits, extract_kwargs, on_progress).run()
     except WorkFailed as exc:
         raise PdfError(f"{Path(path).name}: {exc}") from None
