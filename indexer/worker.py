@@ -42,6 +42,7 @@ PRELOAD = ["evidentia.indexer.worker", "evidentia.indexer.pdf", "pymupdf"]
 # Background extraction yields the CPU to the API's own threads (validations on a
 # 2-core machine waited up to 2 s behind two CPU-bound extractions).
 EXTRACTION_NICE = 10
+PROGRESS_TIMEOUT_FACTOR = 12
 MEMORY_WORDS = ("malloc", "calloc", "realloc", "out of memory", "cannot allocate", "memory")
 
 
@@ -135,12 +136,21 @@ class BoundedCall:
             self._process = process
             self.child_pid = process.pid
         sender.close()
-        deadline = time.monotonic() + self.timeout_s
+        started = time.monotonic()
+        deadline = started + self.timeout_s
+        # A job that reports progress (OCR'd pages) may run past timeout_s as long as
+        # each report comes within timeout_s of the last, up to PROGRESS_TIMEOUT_FACTOR
+        # times timeout_s in all: a long scan is OCR'd, a stuck or endless one is not.
+        hard_deadline = started + self.timeout_s * PROGRESS_TIMEOUT_FACTOR
         try:
             message = None
             while message is None:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
+                    if deadline > started + self.timeout_s:
+                        raise WorkFailed(f"{self.what} took longer than {deadline - started:.0f} s (no progress for "
+                                         f"{self.timeout_s:g} s, or past {PROGRESS_TIMEOUT_FACTOR}x "
+                                         f"{self.setting}_TIMEOUT_S)", "timeout")
                     raise WorkFailed(f"{self.what} took longer than {self.timeout_s:g} s "
                                      f"({self.setting}_TIMEOUT_S)", "timeout")
                 ready = multiprocessing.connection.wait([receiver, process.sentinel], remaining)
@@ -150,6 +160,7 @@ class BoundedCall:
                     except (EOFError, OSError):
                         message = ("crashed", None)
                     if message[0] == "progress":  # the child reports as it goes (OCR'd pages)
+                        deadline = min(hard_deadline, max(deadline, time.monotonic() + self.timeout_s))
                         if self.on_progress is not None and not self._cancelled:
                             self.on_progress(message[1])
                         message = None

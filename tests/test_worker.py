@@ -137,3 +137,29 @@ def test_unexpected_errors_in_the_child_never_leak_their_text():
     with pytest.raises(WorkFailed) as info:
         BoundedCall(_boom, (), timeout_s=10, memory_mb=100, what="extraction", setting="EVIDENTIA_EXTRACT").run()
     assert info.value.kind == "invalid" and "/srv" not in str(info.value) and "code=" not in str(info.value)
+
+
+def _reports_slowly(pages: int, pause: float, report=None) -> int:
+    for page in range(pages):
+        time.sleep(pause)
+        report(page + 1)
+    return pages
+
+
+def _stalls(report=None) -> None:
+    report(1)
+    time.sleep(30)
+
+
+def test_progress_extends_the_time_limit_up_to_a_bound():
+    """A job that reports (OCR'd pages) may run past the time limit while it keeps
+    reporting; one that stops reporting is killed one limit after its last report."""
+    seen: list[int] = []
+    call = BoundedCall(_reports_slowly, (6, 0.4), timeout_s=1.0, memory_mb=100, what="extraction",
+                       setting="EVIDENTIA_EXTRACT", on_progress=seen.append)
+    assert call.run() == 6 and seen == [1, 2, 3, 4, 5, 6]  # 2.4 s with a 1 s limit
+    t0 = time.perf_counter()
+    with pytest.raises(WorkFailed) as info:
+        BoundedCall(_stalls, (), timeout_s=1.0, memory_mb=100, what="extraction", setting="EVIDENTIA_EXTRACT",
+                    on_progress=lambda _: None).run()
+    assert info.value.kind == "timeout" and time.perf_counter() - t0 < 6
