@@ -173,7 +173,10 @@ class Settings:
     # -- classifier reranker
     classifier_model: str | None = setting(None, "model directory written by `evidentia train` (default: the "
                                            "registry's production model, else the shipped CPU model)")
-    classifier_threshold: float = setting(0.15, "pages whose relevance probability is below it are dropped",
+    # 0.06: chosen on out-of-fold financebench pools when the shipped model was trained
+    # (docs/BENCHMARKS.md, section 8)
+    classifier_threshold: float = setting(0.06, "pages whose relevance probability is below it are dropped "
+                                          "(0.06: chosen on held-out pools for the shipped model)",
                                           parse=probability)
     classifier_batch_size: int = setting(16, "windows per classifier batch", parse=positive_int)
     classifier_max_length: int | None = setting(None, "tokens per classifier window (default: as trained)",

@@ -320,6 +320,9 @@ class Engine:
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError
             t3 = time.perf_counter()
+            attach = getattr(reranker, "attach_backend", None)
+            if attach is not None:  # rerankers that read the page vectors stored at indexing time
+                attach(self.backend)
             result = reranker.rerank(query, candidates)
         t4 = time.perf_counter()
         timings.update({"load": (t1 - t0) * 1000, "retrieve": (t2 - t1) * 1000, "queue": waited * 1000,
