@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from evidentia.api.errors import DESCRIPTIONS, install_handlers
+from evidentia.api.http_guard import UploadKeyMiddleware
 from evidentia.api.metrics import BodyLimitMiddleware, MetricsMiddleware
 from evidentia.api.routers import admin, documents, feedback, health, validate
 from evidentia.api.routers.ui import install_ui
@@ -62,6 +63,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     # added last = outermost: metrics see every answer, the body limit's 413s included
     app.add_middleware(BodyLimitMiddleware, limit_for=body_limit)
+    app.add_middleware(UploadKeyMiddleware, services=services)  # 401 before an upload body is read
     app.add_middleware(MetricsMiddleware, metrics=services.metrics)
 
     for module in (documents, validate, feedback, admin, health):

@@ -35,7 +35,21 @@ def serve_command(
     app = create_app(settings)
     # One process: the store, the indexing worker and the cached models are per
     # process (and tantivy allows one writer); scale with threads, not workers.
-    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=10)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=10, **server_limits(settings))
+
+
+def server_limits(settings) -> dict:
+    """uvicorn options that bound what clients can hold: connections (503
+    beyond), the time to send headers and body (slow clients are dropped, see
+    api/http_guard.py) and idle keep-alive."""
+    from evidentia.api.http_guard import guarded_h11_protocol
+
+    return {
+        "http": guarded_h11_protocol(settings.http_header_timeout_s, settings.http_body_timeout_s),
+        "limit_concurrency": settings.http_max_connections,
+        "timeout_keep_alive": settings.http_keep_alive_s,
+        "h11_max_incomplete_event_size": 64 * 1024,  # request line + headers
+    }
 
 
 keys_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="API keys of the validation API (written to its store).")

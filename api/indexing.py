@@ -1,26 +1,42 @@
-"""Background indexing: one worker thread takes uploaded documents off a queue,
-extracts their pages and writes them to the search backend in one step.
+"""Background indexing: worker threads take uploaded documents off a queue,
+extract their pages in a bounded child process (indexer/worker.py) and write
+them to the search backend in one step.
 
 A document is indexed whole or not at all (``SearchBackend.index_document``);
-a file that cannot be read ends ``failed`` with the reason and leaves nothing
-in the index. With EVIDENTIA_DENSE=on its pages are embedded (the services'
+a file that cannot be read, or that passes a limit (memory, time, characters,
+content size), ends ``failed`` with the reason and leaves nothing in the index.
+The threads only wait on the child (no GIL held), so the API's event loop
+never stalls on a hostile file, and EVIDENTIA_INDEX_WORKERS documents are
+extracted at once, so one slow file does not hold up every other tenant.
+With EVIDENTIA_DENSE=on its pages are embedded (the services'
 one ``PageEmbedder``) before anything is written, so an embedding failure
 also ends ``failed`` and leaves nothing behind. Every status change names the upload's ``generation``, so a
 document deleted or uploaded again while it was being indexed is never
-overwritten by the stale run. On startup, documents a crash left ``queued`` or
-``indexing`` are queued again (indexing is idempotent: it replaces).
+overwritten by the stale run, and its child process is killed at once.
+
+Re-uploading a ``ready`` document indexes the new file as the document's next
+version while the ready one is still served; the backend swaps the pages in
+one step and the store then points at the new file. A failed re-index leaves
+the served version alone and reports its reason (``reindex_status``).
+
+On startup, documents a crash left ``queued`` or ``indexing`` are queued again
+(indexing is idempotent: it replaces), at most EVIDENTIA_INDEX_MAX_ATTEMPTS
+times: a file that brings the whole server down is then failed, not retried
+in a crash loop.
 """
 
 from __future__ import annotations
 
 import logging
 import queue
+import shutil
 import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from evidentia.indexer.pdf import PdfError, extract_pages
+from evidentia.indexer.pdf import PdfError
+from evidentia.indexer.worker import BoundedCall, ExtractionLimits, WorkFailed, extraction_call
 from evidentia.indexing import embed_document, unread_reason
 from evidentia.retriever.base import BackendError
 from evidentia.tenants import internal_id
@@ -38,7 +54,9 @@ class IndexingWorker:
         self.services = services
         self.queue: "queue.Queue[tuple[str, str, str] | None]" = queue.Queue()
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
+        self._running: dict[tuple[str, str, str], BoundedCall] = {}
+        self._running_lock = threading.Lock()
         # (tenant, document_id) -> (pages done, pages in the document) while it is being
         # indexed: transient, so kept in memory rather than written to the store
         self._progress: dict[tuple[str, str], tuple[int, int]] = {}
@@ -71,25 +89,49 @@ class IndexingWorker:
     def start(self) -> None:
         pending = self.services.store.pending_documents()
         for row in pending:
-            self.queue.put((row.tenant, row.document_id, row.generation))
+            generation = row.next_generation if row.next_status in ("queued", "indexing") else row.generation
+            self.queue.put((row.tenant, row.document_id, generation))
         if pending:
             log.info("re-queued %d document(s) left queued or indexing", len(pending))
-        self._thread = threading.Thread(target=self._run, name="evidentia-indexing", daemon=True)
-        self._thread.start()
+        for number in range(self.services.settings.index_workers):
+            thread = threading.Thread(target=self._run, name=f"evidentia-indexing-{number}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
 
     def submit(self, tenant: str, document_id: str, generation: str) -> None:
         self.queue.put((tenant, document_id, generation))
+
+    def cancel(self, tenant: str, document_id: str, generations: "list[str | None] | None" = None) -> int:
+        """Kill the extraction of the document's uploads (all, or those of
+        ``generations``); returns how many were running. Queued ones are skipped
+        when their turn comes (their generation is stale by then)."""
+        with self._running_lock:
+            calls = [call for (t, d, g), call in self._running.items()
+                     if t == tenant and d == document_id and (generations is None or g in generations)]
+        for call in calls:
+            call.cancel()
+        return len(calls)
+
+    def running_pids(self) -> list[int]:
+        with self._running_lock:
+            return [c.child_pid for c in self._running.values() if c.child_pid]
 
     def size(self) -> int:
         return self.queue.qsize()
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Finish the document in hand (a half-done one stays 'indexing' and is
-        re-queued at the next start), then stop."""
+        """Kill the extractions in hand (their documents stay 'indexing' and are
+        re-queued at the next start, counting one attempt), then stop."""
         self._stop.set()
-        self.queue.put(None)
-        if self._thread is not None:
-            self._thread.join(timeout)
+        for _ in self._threads:
+            self.queue.put(None)
+        with self._running_lock:
+            calls = list(self._running.values())
+        for call in calls:
+            call.cancel()
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
     def _run(self) -> None:
         services = self.services
@@ -110,17 +152,55 @@ class IndexingWorker:
         services = self.services
         with services.doc_lock:
             row = services.store.get_document(tenant, document_id)
-            if row is None or row.generation != generation:
+            if row is None:
                 return
-            # an earlier upload of the same id may still be in the index: a failed
-            # document has no pages there
-            try:
-                services.backend.delete_document(internal_id(tenant, document_id))
-            except BackendError as exc:
-                log.warning("cannot remove %s:%s from the index: %s", tenant, document_id, exc)
-            services.store.set_status(tenant, document_id, generation, "failed", reason=reason)
+            which = row.version(generation)
+            if which == "next":
+                # the served version stays as it is, in the store and in the index
+                services.store.fail_next(tenant, document_id, generation, reason)
+                if row.next_file_path:
+                    shutil.rmtree(Path(row.next_file_path).parent, ignore_errors=True)
+            elif which == "current":
+                # an earlier upload of the same id may still be in the index: a failed
+                # document has no pages there
+                try:
+                    services.backend.delete_document(internal_id(tenant, document_id))
+                except BackendError as exc:
+                    log.warning("cannot remove %s:%s from the index: %s", tenant, document_id, exc)
+                services.store.set_status(tenant, document_id, generation, "failed", reason=reason)
+            else:
+                return
         services.metrics.indexed.labels("failed").inc()
         log.info("document %s:%s failed: %s", tenant, document_id, reason)
+
+    def _extract(self, tenant: str, document_id: str, generation: str, file_path: str):
+        """The document, or None after recording why it failed (or when cancelled)."""
+        services = self.services
+        settings = services.settings
+        # the whole extraction (OCR of pages without text included) runs in the child;
+        # each page it OCRs is reported back for the progress counter
+        call = extraction_call(Path(file_path), internal_id(tenant, document_id), settings.language_probe_chars,
+                               ExtractionLimits.from_settings(settings), {"ocr": services.engine.ocr},
+                               on_progress=lambda _page: self._count_ocr_page(tenant, document_id))
+        key = (tenant, document_id, generation)
+        with self._running_lock:
+            self._running[key] = call
+        try:
+            return call.run()
+        except PdfError as exc:
+            self._fail(tenant, document_id, generation, str(exc))
+        except WorkFailed as exc:
+            if exc.kind != "cancelled":
+                self._fail(tenant, document_id, generation, f"{Path(file_path).name}: {exc}")
+        except Exception:  # the child's plumbing itself (cannot start a process: out of pids, fds)
+            log.exception("extracting %s:%s", tenant, document_id)
+            self._fail(tenant, document_id, generation, f"{Path(file_path).name}: the extraction could not run "
+                       f"on the server; upload the file again later")
+        finally:
+            with self._running_lock:
+                if self._running.get(key) is call:
+                    del self._running[key]
+        return None
 
     def _index(self, tenant: str, document_id: str, generation: str) -> None:
         try:
@@ -132,26 +212,22 @@ class IndexingWorker:
         services = self.services
         store = services.store
         row = store.get_document(tenant, document_id)
-        if row is None or row.generation != generation:
+        if row is None or row.version(generation) is None:
             return  # deleted or uploaded again since it was queued
-        if not store.set_status(tenant, document_id, generation, "indexing"):
+        which = row.version(generation)
+        file_path = row.file_path if which == "current" else row.next_file_path
+        attempt = store.begin_indexing(tenant, document_id, generation)
+        if attempt is None or not file_path:
+            return
+        limit = services.settings.index_max_attempts
+        if attempt > limit:
+            self._fail(tenant, document_id, generation,
+                       f"{Path(file_path).name}: indexing was interrupted {attempt - 1} times (the server stopped "
+                       f"while it ran; EVIDENTIA_INDEX_MAX_ATTEMPTS={limit}); upload the file again")
             return
         t0 = time.perf_counter()
-        try:
-            document = extract_pages(Path(row.file_path), internal_id(tenant, document_id), services.detector,
-                                     ocr=services.engine.ocr,
-                                     on_ocr_page=lambda _read: self._count_ocr_page(tenant, document_id))
-        except PdfError as exc:
-            self._fail(tenant, document_id, generation, str(exc))
-            return
-        except Exception as exc:  # PyMuPDF can raise anything on a hostile file
-            log.exception("extracting %s:%s", tenant, document_id)
-            self._fail(tenant, document_id, generation, f"{row.filename}: cannot read the PDF ({exc})")
-            return
-        limit = services.settings.max_pages
-        if document.page_count > limit:
-            self._fail(tenant, document_id, generation,
-                       f"{row.filename}: {document.page_count} pages, over the limit of {limit} (EVIDENTIA_MAX_PAGES)")
+        document = self._extract(tenant, document_id, generation, file_path)
+        if document is None:
             return
         self._set_progress(tenant, document_id, 0, document.page_count)
         if services.settings.dense:
@@ -167,27 +243,38 @@ class IndexingWorker:
             except Exception as exc:  # EmbeddingError (model cannot load), tokenizer or torch errors
                 log.exception("embedding %s:%s", tenant, document_id)
                 self._fail(tenant, document_id, generation,
-                           f"{row.filename}: cannot compute the page embeddings (EVIDENTIA_DENSE=on, "
+                           f"{Path(file_path).name}: cannot compute the page embeddings (EVIDENTIA_DENSE=on, "
                            f"EVIDENTIA_DENSE_MODEL={services.settings.dense_model}): {exc}")
                 return
         reason = ""
         for attempt in range(BACKEND_ATTEMPTS):
+            replaced, written = None, False
             with services.doc_lock:
                 current = store.get_document(tenant, document_id)
-                if current is None or current.generation != generation:
+                if current is None or current.version(generation) != which:
                     return
                 try:
                     services.backend.index_document(document)
                 except BackendError as exc:
                     reason = str(exc)
                 else:
-                    store.set_status(tenant, document_id, generation, "ready", pages=document.page_count,
-                                     empty_pages=document.empty_pages, languages=document.languages,
-                                     ocr=ocr_stats(document))
+                    written = True
+                    if which == "current":
+                        store.set_status(tenant, document_id, generation, "ready", pages=document.page_count,
+                                         empty_pages=document.empty_pages, languages=document.languages,
+                                         ocr=ocr_stats(document))
+                    else:
+                        replaced = store.promote_next(tenant, document_id, generation, document.page_count,
+                                                      document.empty_pages, document.languages,
+                                                      ocr_stats(document))
                     services.metrics.indexed.labels("ready").inc()
                     services.metrics.indexed_pages.inc(document.page_count)
                     services.metrics.indexing_seconds.observe(time.perf_counter() - t0)
-                    return
+            if written:
+                if replaced is not None:  # the previous version is no longer served
+                    shutil.rmtree(Path(replaced.file_path).parent, ignore_errors=True)
+                    services.renderer.forget(tenant, replaced.generation)
+                return
             log.warning("indexing %s:%s, attempt %d: %s", tenant, document_id, attempt + 1, reason)
             if self._stop.wait(2.0 ** attempt):
                 return  # shutting down: stays 'indexing', re-queued at the next start

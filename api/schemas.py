@@ -32,7 +32,9 @@ class ErrorResponse(BaseModel):
 # -- documents ----------------------------------------------------------------
 class DocumentAccepted(BaseModel):
     document_id: str
-    status: Status = Field(..., examples=["queued"])
+    status: Status = Field(..., examples=["queued"], description="`queued`; `ready` when a ready document was "
+                           "uploaded again: it is served as it was until the new file is indexed.")
+    reindex_status: str | None = Field(None, description="`queued` when this upload re-indexes a ready document.")
 
 
 class IndexingProgress(BaseModel):
@@ -61,6 +63,10 @@ class DocumentOut(BaseModel):
                                       "OCR failed), and how to fix it.")
     created: str
     updated: str
+    reindex_status: str | None = Field(None, description="A re-upload of this ready document: `queued`, "
+                                       "`indexing` (the previous version is served meanwhile), `failed` (the "
+                                       "previous version stays; see `reindex_reason`), or null.")
+    reindex_reason: str | None = Field(None, description="Why the re-upload failed (`reindex_status` `failed`).")
 
 
 class DocumentList(BaseModel):

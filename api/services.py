@@ -12,6 +12,7 @@ from pathlib import Path
 
 from evidentia.api.indexing import IndexingWorker
 from evidentia.api.metrics import Metrics
+from evidentia.api.rendering import PageRenderer
 from evidentia.api.ratelimit import RateLimiter
 from evidentia.config import Settings
 from evidentia.engine import Engine
@@ -39,6 +40,7 @@ class Services:
         self.backend_ready = threading.Event()
         self.store: Store | None = None
         self.worker = IndexingWorker(self)
+        self.renderer = PageRenderer(settings)  # page images: bounded child processes, disk cache
         self.checks: dict[str, str] = {"store": "not open", "index": "not open",
                                        f"reranker:{settings.default_reranker}": "not loaded"}
         # EVIDENTIA_DENSE=on: uploads get page embeddings, and the dense and hybrid
@@ -136,6 +138,9 @@ class Services:
         while not self._stopping.is_set():
             if self.backend is None:
                 try:
+                    # the query-side language detector (langdetect's profiles: ~1 s); indexing
+                    # no longer loads it in this process (extraction runs in a child)
+                    self.engine.detector  # noqa: B018
                     self._sweep_index(self.engine.backend)
                     self.checks["index"] = "ok"
                     self.backend_ready.set()
@@ -165,7 +170,8 @@ class Services:
     def _sweep_files(self) -> None:
         """Remove temporary uploads and upload folders no document refers to
         (a crash between writing the file and committing the row)."""
-        live = {Path(d.file_path).parent.resolve() for d in self.store.all_documents()}
+        live = {Path(f).parent.resolve() for d in self.store.all_documents()
+                for f in (d.file_path, d.next_file_path) if f}  # next_file_path: a re-upload being indexed
         for tenant_dir in self.uploads.iterdir():
             if not tenant_dir.is_dir():
                 continue

@@ -221,6 +221,39 @@ class Settings:
                                     "before `/ready`", parse=lower)
     rerank_concurrency: int = setting(1, "local-compute reranker calls (classifier) running at once; the others "
                                       "queue", parse=positive_int)
+    # -- untrusted PDFs (issue #15): extraction and page images run in child processes
+    # under these bounds (indexer/worker.py, api/rendering.py); `evidentia index` uses them too
+    extract_timeout_s: float = setting(300.0, "an extraction still running then is killed; the document fails",
+                                       parse=positive_float)
+    extract_memory_mb: int = setting(768, "memory an extraction process may add to what it starts with; past it "
+                                     "the document fails", parse=positive_int)
+    max_page_chars: int = setting(100_000, "characters of text per page; more fails the document", parse=positive_int)
+    max_document_chars: int = setting(20_000_000, "characters of text per document; more fails it",
+                                      parse=positive_int)
+    max_page_content_mb: int = setting(8, "a page's content streams, inflated, checked before extraction; more "
+                                       "fails the document", parse=positive_int)
+    max_document_content_mb: int = setting(1024, "all pages' content streams together (a shared stream counts once "
+                                           "per page); more fails the document", parse=positive_int)
+    index_workers: int = setting(2, "documents extracted at once (one child process each)", parse=positive_int)
+    index_max_attempts: int = setting(3, "starts of one upload's indexing (server restarts included) before it "
+                                      "fails", parse=positive_int)
+    render_timeout_s: float = setting(20.0, "a page image still rendering then gets 422", parse=positive_float)
+    render_memory_mb: int = setting(384, "memory a page-image rendering may add; past it 422", parse=positive_int)
+    render_max_pixels: int = setting(6_000_000, "page images are scaled down to this many pixels at most",
+                                     parse=positive_int)
+    render_concurrency: int = setting(2, "page images rendered at once, whole server (503 beyond)",
+                                      parse=positive_int)
+    render_concurrency_per_tenant: int = setting(1, "page images rendered at once per tenant (429 beyond)",
+                                                 parse=positive_int)
+    render_cache_mb: int = setting(256, "rendered page images kept on disk (`<data dir>/page-cache`); 0: none",
+                                   parse=non_negative_int)
+    # -- HTTP server (`evidentia serve`): slow or too many clients are dropped
+    http_max_connections: int = setting(200, "open connections; requests beyond get 503", parse=positive_int)
+    http_header_timeout_s: float = setting(10.0, "time a client has to send a request's headers (then 408, closed)",
+                                           parse=positive_float)
+    http_body_timeout_s: float = setting(120.0, "time a client has to send a request's body (then closed)",
+                                         parse=positive_float)
+    http_keep_alive_s: float = setting(5.0, "idle keep-alive connections are closed after it", parse=positive_float)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":

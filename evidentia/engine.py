@@ -342,11 +342,14 @@ class Engine:
                     doc_id_of: Callable[[Path], str] | None = None) -> "IndexSummary":
         """Index PDFs (files or folders), with page embeddings unless EVIDENTIA_DENSE=off;
         a document's id is ``doc_id_of(path)`` (default: the file's stem)."""
+        from evidentia.indexer.worker import ExtractionLimits
         from evidentia.indexing import index_paths_with_progress
 
+        # bounded like the API's uploads (EVIDENTIA_EXTRACT_*, EVIDENTIA_MAX_*): a hostile file is one failure
         return index_paths_with_progress(paths, self.backend, self.detector, embedder=self.indexing_embedder,
                                          show=progress, doc_id_of=doc_id_of or (lambda path: path.stem),
-                                         every_s=self.settings.progress_interval_s, ocr=self.ocr)
+                                         every_s=self.settings.progress_interval_s, ocr=self.ocr,
+                                         limits=ExtractionLimits.from_settings(self.settings))
 
     def missing_documents(self, doc_ids: Sequence[str]) -> list[str]:
         indexed = {d.doc_id for d in self.backend.list_documents()}

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 from evidentia.language import LanguageDetector
 from evidentia.indexer.ocr import INSTALL_HINT, MISSING_PROBLEMS, OcrEngine, PageText
 from evidentia.indexer.pdf import PdfError, extract_pages
+from evidentia.indexer.worker import ExtractionLimits, extract_bounded
 from evidentia.records import Document
 from evidentia.retriever.base import SearchBackend
 
@@ -125,13 +126,17 @@ def index_paths(
     ocr: OcrEngine | None = None,
     on_ocr_page: Callable[[PageText], None] | None = None,
     doc_id_of: Callable[[Path], str] = lambda path: path.stem,
+    limits: "ExtractionLimits | None" = None,
 ) -> IndexSummary:
     """Index every PDF under ``paths``; bad files are recorded, the rest still indexed.
     ``on_document(path, pages)`` is called after each file (pages = 0 on failure).
     With an ``embedder``, each document's pages are embedded (in batches) before
     it is written, and ``on_embedded(pages)`` reports pages as they are done.
     ``ocr`` reads pages without a usable text layer (None: they stay unread and
-    counted); ``on_ocr_page`` reports each page OCR'd."""
+    counted); ``on_ocr_page`` reports each page OCR'd.
+    With ``limits``, each file is extracted in a bounded child process
+    (indexer/worker.py): a hostile file fails with its reason instead of
+    exhausting this process's memory or time."""
     t_start = time.perf_counter()
     files, failures = find_pdfs(paths)
     summary = IndexSummary(failures=failures)
@@ -150,7 +155,11 @@ def index_paths(
                     f"in this run (rename one of the files)")))
             else:
                 try:
-                    document = extract_pages(Path(path), doc_id, detector, ocr=ocr, on_ocr_page=on_ocr_page)
+                    if limits is None:
+                        document = extract_pages(Path(path), doc_id, detector, ocr=ocr, on_ocr_page=on_ocr_page)
+                    else:  # the same extraction, OCR included, in a bounded child process
+                        document = extract_bounded(Path(path), doc_id, detector.probe_chars, limits, {"ocr": ocr},
+                                                   on_progress=on_ocr_page)
                 except PdfError as exc:
                     summary.failures.append(IndexFailure(str(path), str(exc)))
                 else:
@@ -177,7 +186,8 @@ def index_paths(
 def index_paths_with_progress(paths: Sequence[Path], backend: SearchBackend, detector: LanguageDetector,
                               embedder: "PageEmbedder | None" = None, show: bool = True,
                               doc_id_of: Callable[[Path], str] = lambda path: path.stem,
-                              every_s: float = 10.0, ocr: OcrEngine | None = None) -> IndexSummary:
+                              every_s: float = 10.0, ocr: OcrEngine | None = None,
+                              limits: "ExtractionLimits | None" = None) -> IndexSummary:
     """``index_paths`` with its progress on stderr (a bar on a terminal, a line every
     ``every_s`` seconds otherwise): documents, pages indexed, pages OCR'd and pages
     embedded (OCR and embedding are the slow parts on a CPU)."""
@@ -210,4 +220,5 @@ def index_paths_with_progress(paths: Sequence[Path], backend: SearchBackend, det
             refresh()
 
         return index_paths(paths, backend, detector, on_document=on_document, embedder=embedder,
-                           on_embedded=on_embedded, ocr=ocr, on_ocr_page=on_ocr_page, doc_id_of=doc_id_of)
+                           on_embedded=on_embedded, ocr=ocr, on_ocr_page=on_ocr_page, doc_id_of=doc_id_of,
+                           limits=limits)

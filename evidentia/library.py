@@ -91,16 +91,17 @@ class Library:
         copy = folder / f"{document_id}.pdf"
         shutil.copyfile(source, copy)
         self.store.add_tenant(tenant)
-        row, old = self.store.put_document(tenant, document_id, source.name, copy.stat().st_size, str(copy),
-                                           generation)
+        row, superseded = self.store.put_document(tenant, document_id, source.name, copy.stat().st_size,
+                                                  str(copy), generation, replace_ready=True)
         info = self.engine.backend.get_document(doc_id)
         self.store.set_status(tenant, document_id, generation, "ready", pages=info.pages if info else None,
                               empty_pages=info.empty_pages if info else None,
                               languages=info.languages if info else None,
                               ocr={"ocr_pages": info.ocr_pages, "unread_pages": info.unread_pages,
                                    "ocr_confidence": info.ocr_confidence} if info else None)
-        if old is not None and Path(old.file_path).parent != folder:
-            shutil.rmtree(Path(old.file_path).parent, ignore_errors=True)
+        for _, old_path in superseded:
+            if Path(old_path).parent != folder:
+                shutil.rmtree(Path(old_path).parent, ignore_errors=True)
 
     # -- reading ----------------------------------------------------------------
     def documents(self, tenant: str | None = None) -> list[LibraryDocument]:

@@ -25,7 +25,20 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-SCHEMA_VERSION = 2  # 2: documents.ocr (how many pages were OCR'd / left unread)
+SCHEMA_VERSION = 3  # 2: documents.ocr; 3: attempts and next_* (re-index while serving)
+# Columns added after version 1 (ALTER TABLE on open; a version-1 store is upgraded in place).
+# attempts: starts of the current upload's indexing (bounded: a file that kills the server is not
+# retried forever); next_*: a re-upload of a ready document, indexed while the ready version is served.
+ADDED_DOCUMENT_COLUMNS = {
+    "ocr": "TEXT NOT NULL DEFAULT '{}'",  # version 2: pages OCR'd / left unread
+    "attempts": "INTEGER NOT NULL DEFAULT 0",
+    "next_generation": "TEXT",
+    "next_file_path": "TEXT",
+    "next_filename": "TEXT",
+    "next_size_bytes": "INTEGER",
+    "next_status": "TEXT",
+    "next_reason": "TEXT",
+}
 
 TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 DOCUMENT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -155,6 +168,23 @@ class DocumentRow:
     updated: str
     # {"ocr_pages": n, "unread_pages": n, "ocr_confidence": x}; {} before indexing
     ocr: dict = field(default_factory=dict)
+    attempts: int = 0
+    # a re-upload being indexed while this (ready) version is served; see put_document
+    next_generation: str | None = None
+    next_file_path: str | None = None
+    next_filename: str | None = None
+    next_size_bytes: int | None = None
+    next_status: str | None = None  # queued, indexing, failed
+    next_reason: str | None = None
+
+    def version(self, generation: str) -> str | None:
+        """'current' when ``generation`` is this row's own upload still to index,
+        'next' when it is its pending re-upload, None when it is neither (stale)."""
+        if generation == self.generation and self.status in ("queued", "indexing"):
+            return "current"
+        if generation == self.next_generation and self.next_status in ("queued", "indexing"):
+            return "next"
+        return None
 
 
 @dataclass(frozen=True)
@@ -208,13 +238,15 @@ class Store:
             self._conn.execute("PRAGMA foreign_keys=ON")
             self._conn.execute("PRAGMA busy_timeout=10000")
             version = self._conn.execute("PRAGMA user_version").fetchone()[0]
-            if version not in (0, 1, SCHEMA_VERSION):
+            if version not in (0, 1, 2, SCHEMA_VERSION):
                 raise StoreError(f"{self.path} has schema version {version}, this Evidentia needs "
                                  f"{SCHEMA_VERSION}")
-            if version == 1:  # documents gained the ocr column; rows indexed before say nothing
-                self._conn.execute("ALTER TABLE documents ADD COLUMN ocr TEXT NOT NULL DEFAULT '{}'")
             # CREATE ... IF NOT EXISTS: idempotent, so a crash half-way is redone next start
             self._conn.executescript(_SCHEMA)
+            have = {r[1] for r in self._conn.execute("PRAGMA table_info(documents)").fetchall()}
+            for column, decl in ADDED_DOCUMENT_COLUMNS.items():
+                if column not in have:
+                    self._conn.execute(f"ALTER TABLE documents ADD COLUMN {column} {decl}")
             self._conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open the store {self.path}: {exc}") from None
@@ -311,29 +343,97 @@ class Store:
             pages=row["pages"], empty_pages=row["empty_pages"], languages=json.loads(row["languages"] or "{}"),
             ocr=json.loads(row["ocr"] or "{}"), filename=row["filename"], size_bytes=row["size_bytes"], file_path=row["file_path"],
             generation=row["generation"], created=row["created"], updated=row["updated"],
+            attempts=row["attempts"], next_generation=row["next_generation"], next_file_path=row["next_file_path"],
+            next_filename=row["next_filename"], next_size_bytes=row["next_size_bytes"],
+            next_status=row["next_status"], next_reason=row["next_reason"],
         )
 
     def put_document(self, tenant: str, document_id: str, filename: str, size_bytes: int, file_path: str,
-                     generation: str) -> tuple[DocumentRow, DocumentRow | None]:
+                     generation: str, replace_ready: bool = False) -> tuple[DocumentRow, list[tuple[str, str]]]:
         """Insert a queued document, or replace an earlier upload of the same id.
-        Returns (new row, the replaced row or None)."""
+        A ``ready`` document is not replaced at once: the upload becomes its
+        ``next_*`` version, indexed while the ready one is served, and swapped in
+        when it is ready (``promote_next``); ``replace_ready`` replaces it at once
+        (the CLI, which has already indexed the file). Returns (the row, the superseded
+        uploads as (generation, file_path): their indexing is to be cancelled and
+        their files removed; never the version being served)."""
         ts = now()
+        superseded: list[tuple[str, str]] = []
         with self._tx() as c:
             old = c.execute("SELECT * FROM documents WHERE tenant = ? AND document_id = ?",
                             (tenant, document_id)).fetchone()
-            c.execute(
-                "INSERT INTO documents (tenant, document_id, status, reason, pages, empty_pages, languages, "
-                "filename, size_bytes, file_path, generation, created, updated) "
-                "VALUES (?, ?, 'queued', NULL, NULL, NULL, '{}', ?, ?, ?, ?, ?, ?) "
-                "ON CONFLICT (tenant, document_id) DO UPDATE SET status = 'queued', reason = NULL, pages = NULL, "
-                "empty_pages = NULL, languages = '{}', ocr = '{}', filename = excluded.filename, "
-                "size_bytes = excluded.size_bytes, file_path = excluded.file_path, "
-                "generation = excluded.generation, updated = excluded.updated",
-                (tenant, document_id, filename, size_bytes, file_path, generation, ts, ts),
-            )
+            old_row = self._document(old) if old else None
+            if old_row is not None and old_row.next_generation and old_row.next_file_path:
+                superseded.append((old_row.next_generation, old_row.next_file_path))
+            if old_row is not None and old_row.status == "ready" and not replace_ready:
+                c.execute(
+                    "UPDATE documents SET next_generation = ?, next_file_path = ?, next_filename = ?, "
+                    "next_size_bytes = ?, next_status = 'queued', next_reason = NULL, attempts = 0, updated = ? "
+                    "WHERE tenant = ? AND document_id = ?",
+                    (generation, file_path, filename, size_bytes, ts, tenant, document_id))
+            else:
+                if old_row is not None:
+                    superseded.append((old_row.generation, old_row.file_path))
+                c.execute(
+                    "INSERT INTO documents (tenant, document_id, status, reason, pages, empty_pages, languages, "
+                    "filename, size_bytes, file_path, generation, created, updated) "
+                    "VALUES (?, ?, 'queued', NULL, NULL, NULL, '{}', ?, ?, ?, ?, ?, ?) "
+                    "ON CONFLICT (tenant, document_id) DO UPDATE SET status = 'queued', reason = NULL, pages = NULL, "
+                    "empty_pages = NULL, languages = '{}', ocr = '{}', filename = excluded.filename, "
+                    "size_bytes = excluded.size_bytes, file_path = excluded.file_path, "
+                    "generation = excluded.generation, updated = excluded.updated, attempts = 0, "
+                    "next_generation = NULL, next_file_path = NULL, next_filename = NULL, next_size_bytes = NULL, "
+                    "next_status = NULL, next_reason = NULL",
+                    (tenant, document_id, filename, size_bytes, file_path, generation, ts, ts),
+                )
             new = c.execute("SELECT * FROM documents WHERE tenant = ? AND document_id = ?",
                             (tenant, document_id)).fetchone()
-        return self._document(new), (self._document(old) if old else None)
+        return self._document(new), superseded
+
+    def begin_indexing(self, tenant: str, document_id: str, generation: str) -> int | None:
+        """Mark the upload ``generation`` (the document's own or its next version)
+        as indexing and count the attempt. Returns the attempt number (1 for the
+        first), or None when the upload is stale (deleted, replaced, finished)."""
+        with self._tx() as c:
+            row = c.execute("SELECT * FROM documents WHERE tenant = ? AND document_id = ?",
+                            (tenant, document_id)).fetchone()
+            if row is None:
+                return None
+            which = self._document(row).version(generation)
+            if which is None:
+                return None
+            column = "status" if which == "current" else "next_status"
+            c.execute(f"UPDATE documents SET {column} = 'indexing', attempts = attempts + 1, updated = ? "
+                      f"WHERE tenant = ? AND document_id = ?", (now(), tenant, document_id))
+            return row["attempts"] + 1
+
+    def fail_next(self, tenant: str, document_id: str, generation: str, reason: str) -> bool:
+        """The re-upload ``generation`` failed: the served version stays, the
+        document reports the reason (``next_status`` failed)."""
+        with self._tx() as c:
+            return c.execute(
+                "UPDATE documents SET next_status = 'failed', next_reason = ?, next_file_path = NULL, updated = ? "
+                "WHERE tenant = ? AND document_id = ? AND next_generation = ?",
+                (reason, now(), tenant, document_id, generation)).rowcount > 0
+
+    def promote_next(self, tenant: str, document_id: str, generation: str, pages: int, empty_pages: int,
+                     languages: dict[str, int], ocr: dict | None = None) -> DocumentRow | None:
+        """The re-upload ``generation`` is indexed: it becomes the served version.
+        Returns the row as it was before (its file is now unreferenced), or None
+        when the re-upload is stale."""
+        with self._tx() as c:
+            old = c.execute("SELECT * FROM documents WHERE tenant = ? AND document_id = ? AND next_generation = ?",
+                            (tenant, document_id, generation)).fetchone()
+            if old is None:
+                return None
+            c.execute(
+                "UPDATE documents SET status = 'ready', reason = NULL, pages = ?, empty_pages = ?, languages = ?, ocr = ?, "
+                "filename = next_filename, size_bytes = next_size_bytes, file_path = next_file_path, "
+                "generation = next_generation, attempts = 0, next_generation = NULL, next_file_path = NULL, "
+                "next_filename = NULL, next_size_bytes = NULL, next_status = NULL, next_reason = NULL, updated = ? "
+                "WHERE tenant = ? AND document_id = ?",
+                (pages, empty_pages, json.dumps(languages or {}), json.dumps(ocr or {}), now(), tenant, document_id))
+        return self._document(old)
 
     def get_document(self, tenant: str, document_id: str) -> DocumentRow | None:
         rows = self._query("SELECT * FROM documents WHERE tenant = ? AND document_id = ?", (tenant, document_id))
@@ -356,7 +456,8 @@ class Store:
 
     def pending_documents(self) -> list[DocumentRow]:
         """Documents a crash may have left queued or half-way through indexing, oldest first."""
-        rows = self._query("SELECT * FROM documents WHERE status IN ('queued', 'indexing') ORDER BY updated")
+        rows = self._query("SELECT * FROM documents WHERE status IN ('queued', 'indexing') "
+                           "OR next_status IN ('queued', 'indexing') ORDER BY updated")
         return [self._document(r) for r in rows]
 
     def set_status(self, tenant: str, document_id: str, generation: str, status: str, reason: str | None = None,

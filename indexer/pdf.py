@@ -23,38 +23,74 @@ class PdfError(Exception):
 def open_pdf(path: Path) -> pymupdf.Document:
     path = Path(path)
     if not path.is_file():
-        raise PdfError(f"{path}: no such file")
+        raise PdfError(f"{path.name}: no such file")
     with open(path, "rb") as fh:
         head = fh.read(1024)
     if not head:
         raise PdfError(f"{path.name}: empty file, not a PDF")
     if b"%PDF-" not in head:
         raise PdfError(f"{path.name}: not a PDF (no %PDF- header)")
+    # Reasons never quote PyMuPDF: its messages hold the server's path and internals.
     try:
         doc = pymupdf.open(path, filetype="pdf")
-    except Exception as exc:  # PyMuPDF raises several types for broken files
-        raise PdfError(f"{path.name}: corrupted PDF ({_first_line(exc)})") from None
+    except Exception:  # PyMuPDF raises several types for broken files
+        raise PdfError(f"{path.name}: {_unreadable(path, head)}") from None
     try:
         needs_pass = doc.needs_pass
         page_count = 0 if needs_pass else doc.page_count
-    except Exception as exc:  # a damaged page tree may only show here (truncated files)
+        repaired = bool(getattr(doc, "is_repaired", False))
+    except Exception:  # a damaged page tree may only show here (truncated files)
         doc.close()
-        raise PdfError(f"{path.name}: corrupted PDF ({_first_line(exc)})") from None
+        raise PdfError(f"{path.name}: {_unreadable(path, head)}") from None
     if needs_pass:
         doc.close()
         raise PdfError(f"{path.name}: encrypted PDF (password required)")
+    if (page_count == 0 or repaired) and _is_truncated(path):
+        # MuPDF rebuilds a cut file from the objects it finds: it may open with no
+        # pages, or with some pages and others silently empty; neither is indexed
+        doc.close()
+        raise PdfError(f"{path.name}: {TRUNCATED}")
     if page_count == 0:
         doc.close()
         raise PdfError(f"{path.name}: PDF has no pages")
     return doc
 
 
+TRUNCATED = "corrupted PDF: the file is truncated (its end is missing); upload the complete file"
+
+
+def _is_truncated(path: Path) -> bool:
+    """No %%EOF marker in the last 1024 bytes (where readers look for it), but PDF
+    objects before: the start of a real PDF whose end was cut off."""
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        fh.seek(max(0, size - 1024))
+        tail = fh.read()
+        if b"%%EOF" in tail:
+            return False
+        fh.seek(0)
+        return b"endobj" in fh.read(min(size, 4 << 20))
+
+
+def _unreadable(path: Path, head: bytes) -> str:
+    """Why PyMuPDF cannot open the file, in words for a person."""
+    before = head.split(b"%PDF-", 1)[0].lower()
+    if b"<html" in before or b"<!doctype" in before:
+        return "not a PDF (an HTML document with a %PDF- marker inside)"
+    if _is_truncated(path):
+        return TRUNCATED
+    return "corrupted PDF (its structure cannot be read: the file is damaged or is not a PDF)"
+
+
 def extract_pages(path: Path, doc_id: str, detector: LanguageDetector, ocr: OcrEngine | None = None,
-                  on_ocr_page: Callable[[PageText], None] | None = None) -> Document:
+                  on_ocr_page: Callable[[PageText], None] | None = None,
+                  check_page: Callable[[int, str], None] | None = None) -> Document:
     """Read every page, or raise ``PdfError``: a document is never returned half-read.
     Pages without a usable text layer are read by OCR when ``ocr`` is enabled
     (None: OCR off; such pages are then counted as unread). ``on_ocr_page`` is
-    called after each page that went through OCR (for progress)."""
+    called after each page that went through OCR (for progress). ``check_page(page_number,
+    text)`` sees each page's text as soon as it is read and may raise ``PdfError``
+    to stop (the size caps of indexer/worker.py)."""
     path = Path(path)
     engine = ocr or OcrEngine(mode="off")
     doc = open_pdf(path)
@@ -65,7 +101,9 @@ def extract_pages(path: Path, doc_id: str, detector: LanguageDetector, ocr: OcrE
             try:
                 raw_layers.append(doc.load_page(index).get_text("text", sort=False))
             except Exception as exc:
-                raise PdfError(f"{path.name}: page {index + 1} cannot be read ({_first_line(exc)})") from None
+                raise PdfError(f"{path.name}: page {index + 1} cannot be read ({_describe(exc)})") from None
+            if check_page is not None:
+                check_page(index + 1, raw_layers[-1])
         results: list[PageText | None] = [None] * doc.page_count
         for index, layer in enumerate(raw_layers):
             # plenty of real text: settled without looking at the page's drawings
@@ -94,8 +132,10 @@ def extract_pages(path: Path, doc_id: str, detector: LanguageDetector, ocr: OcrE
                         read = replace(best, seconds=read.seconds + again.seconds)  # the page cost both
                     prior = prior or lang
             except Exception as exc:  # rendering a damaged page
-                raise PdfError(f"{path.name}: page {index + 1} cannot be read ({_first_line(exc)})") from None
+                raise PdfError(f"{path.name}: page {index + 1} cannot be read ({_describe(exc)})") from None
             results[index] = read
+            if check_page is not None and read.source == OCR:
+                check_page(index + 1, read.text)
             if read.source == OCR and on_ocr_page:
                 on_ocr_page(read)
     finally:
@@ -125,6 +165,10 @@ def _final_source(source: str, cleaned: str) -> str:
     return NONE if source == TEXT and not cleaned else source
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0]
+def _describe(exc: BaseException) -> str:
+    """A page error in words: out of memory (the extraction worker's limit, see
+    indexer/worker.py) or damaged content; never PyMuPDF's own text."""
+    text = str(exc).lower()
+    if isinstance(exc, MemoryError) or any(w in text for w in ("malloc", "calloc", "realloc", "out of memory")):
+        return "out of memory"
+    return "damaged or unsupported page content"

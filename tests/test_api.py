@@ -177,7 +177,7 @@ def test_default_document_id_reupload_and_delete(client, sample_pdf, tmp_path):
     assert upload(client, h, odd).json()["document_id"] == "Annual-Report-2023"
     assert wait_indexed(client, h, "Annual-Report-2023")["status"] == "ready"
 
-    # uploading the same id again replaces the document and its file
+    # uploading the same id again replaces the document and its file, once the new one is indexed
     services = services_of(client)
     tenant = services.store.authenticate(h["X-API-Key"]).tenant
     first_file = Path(services.store.get_document(tenant, "Annual-Report-2023").file_path)

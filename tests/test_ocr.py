@@ -403,7 +403,7 @@ def test_api_says_why_scans_were_not_read(tmp_path):
 def test_store_of_schema_1_gains_the_ocr_column(tmp_path):
     import sqlite3
 
-    from evidentia.store import Store
+    from evidentia.store import SCHEMA_VERSION, Store
 
     path = tmp_path / "store.sqlite"
     store = Store(path)
@@ -421,4 +421,4 @@ def test_store_of_schema_1_gains_the_ocr_column(tmp_path):
     assert reopened.get_document("acme", "old").ocr == {"ocr_pages": 1}
     reopened.close()
     with sqlite3.connect(path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION  # 3 since issue #15

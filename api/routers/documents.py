@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import re
 import shutil
+import time
 import uuid
 from pathlib import Path
 
@@ -14,7 +16,8 @@ from fastapi.concurrency import run_in_threadpool
 
 from evidentia.api.deps import Caller, get_services, require_backend, require_tenant, run_blocking
 from evidentia.api.errors import ApiError, errors
-from evidentia.api.highlight import MAX_HIGHLIGHT_CHARS, MAX_TERMS, highlight_terms, mark_page
+from evidentia.api.highlight import MAX_HIGHLIGHT_CHARS, MAX_TERMS, highlight_terms
+from evidentia.api.rendering import PageRenderer, RenderRefused
 from evidentia.tenants import internal_id
 from evidentia.api.schemas import DocumentAccepted, DocumentList, DocumentOut, IndexingProgress, PageOut
 from evidentia.api.services import Services
@@ -26,15 +29,16 @@ log = logging.getLogger("evidentia.api")
 router = APIRouter(prefix="/v1/documents", tags=["documents"])
 
 CHUNK = 1 << 20
+RENDER_SLOT_WAIT_S = 5.0  # a page image over the render caps waits this long for a slot, then 429/503
 PNG_MIN_WIDTH, PNG_MAX_WIDTH = 50, 2000
-PNG_MAX_HEIGHT = 6000  # a strip-shaped page must not become a huge image
 
 DocumentId = PathParam(..., description="Your document id.", examples=["acme-2023"])
 
 
 def to_out(row: DocumentRow, services: Services | None = None) -> DocumentOut:
-    progress = services.worker.progress(row.tenant, row.document_id) if services and row.status == "indexing" else None
-    ocr_done = services.worker.ocr_progress(row.tenant, row.document_id) if services and row.status == "indexing" else 0
+    indexing = row.status == "indexing" or row.next_status == "indexing"  # a re-upload reports its progress too
+    progress = services.worker.progress(row.tenant, row.document_id) if services and indexing else None
+    ocr_done = services.worker.ocr_progress(row.tenant, row.document_id) if services and indexing else 0
     if progress is None and ocr_done:  # still extracting: OCR of a scan
         progress = (0, 0)
     return DocumentOut(document_id=row.document_id, status=row.status, reason=row.reason, filename=row.filename,
@@ -43,7 +47,8 @@ def to_out(row: DocumentRow, services: Services | None = None) -> DocumentOut:
                        size_bytes=row.size_bytes, pages=row.pages, empty_pages=row.empty_pages,
                        languages=row.languages, ocr_pages=row.ocr.get("ocr_pages"),
                        ocr_confidence=row.ocr.get("ocr_confidence"), unread_pages=row.ocr.get("unread_pages"),
-                       unread_reason=row.ocr.get("unread_reason"), created=row.created, updated=row.updated)
+                       unread_reason=row.ocr.get("unread_reason"), created=row.created, updated=row.updated,
+                       reindex_status=row.next_status, reindex_reason=row.next_reason)
 
 
 def find_document(services: Services, caller: Caller, document_id: str) -> DocumentRow:
@@ -87,15 +92,28 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _count_pages(path: Path) -> int | None:
-    """Page count if PyMuPDF opens the file; None when it cannot (the indexing
-    worker then reports the precise reason as the document's failure)."""
+def _count_pages_in_child(path: str) -> int | None:
     import pymupdf
 
     try:
         with pymupdf.open(path, filetype="pdf") as doc:
             return None if doc.needs_pass else doc.page_count
     except Exception:
+        return None
+
+
+def _count_pages(services: Services, path: Path) -> int | None:
+    """Page count if PyMuPDF opens the file; None when it cannot (the indexing
+    worker then reports the precise reason as the document's failure). Opened in
+    a bounded child: a hostile file's repair must not stall this process."""
+    from evidentia.indexer.worker import BoundedCall, WorkFailed
+
+    settings = services.settings
+    try:
+        return BoundedCall(_count_pages_in_child, (str(path),), timeout_s=settings.render_timeout_s,
+                           memory_mb=settings.render_memory_mb, what="page count",
+                           setting="EVIDENTIA_RENDER").run()
+    except WorkFailed:
         return None
 
 
@@ -137,7 +155,7 @@ def _accept_upload(services: Services, caller: Caller, upload: UploadFile, docum
         if b"%PDF-" not in head:
             raise ApiError(415, "not_a_pdf", f"{upload.filename or 'the upload'} is not a PDF (no %PDF- header); "
                            f"only PDF files can be indexed", {"content_type": upload.content_type})
-        pages = _count_pages(tmp)
+        pages = _count_pages(services, tmp)
         if pages is not None and pages > settings.max_pages:
             raise ApiError(413, "too_many_pages", f"the PDF has {pages} pages, over the limit of {settings.max_pages} "
                            f"(EVIDENTIA_MAX_PAGES); split it into several documents",
@@ -147,23 +165,31 @@ def _accept_upload(services: Services, caller: Caller, upload: UploadFile, docum
         os.replace(tmp, final)
         _fsync_dir(final_dir)
         _fsync_dir(tenant_dir)
-        row, old = services.store.put_document(caller.tenant, document_id, upload.filename or final.name, size,
-                                               str(final), generation)
+        row, superseded = services.store.put_document(caller.tenant, document_id, upload.filename or final.name,
+                                                      size, str(final), generation)
     except BaseException:
         tmp.unlink(missing_ok=True)
         shutil.rmtree(final_dir, ignore_errors=True)
         raise
-    if old is not None and Path(old.file_path).parent != final_dir:
-        shutil.rmtree(Path(old.file_path).parent, ignore_errors=True)
+    # earlier uploads that will never be served: stop their extraction, drop their files
+    # (a ready version being replaced is not among them: it is served until the new one is ready)
+    services.worker.cancel(caller.tenant, document_id, [g for g, _ in superseded])
+    for old_generation, old_path in superseded:
+        if Path(old_path).parent != final_dir:
+            shutil.rmtree(Path(old_path).parent, ignore_errors=True)
+        services.renderer.forget(caller.tenant, old_generation)
     services.worker.submit(caller.tenant, document_id, generation)
     return row
 
 
 @router.post(
-    "", status_code=202, response_model=DocumentAccepted, summary="Upload a PDF for indexing",
+    "", status_code=202, response_model=DocumentAccepted, response_model_exclude_none=True,
+    summary="Upload a PDF for indexing",
     description="Stores the PDF and answers at once; indexing runs in the background. Poll "
                 "GET /v1/documents/{document_id} until `status` is `ready` (or `failed`, with a `reason`). "
-                "Uploading an id again replaces the document.",
+                "Uploading an id again replaces the document; a `ready` document keeps being served until "
+                "the new file is indexed (`reindex_status`), and stays as it was if the new file fails "
+                "(`reindex_status` `failed`, `reindex_reason`).",
     responses=errors(400, 401, 413, 415, 422, 429),
 )
 async def upload_document(
@@ -175,7 +201,8 @@ async def upload_document(
 ) -> DocumentAccepted:
     row = await run_in_threadpool(_accept_upload, services, caller, file, document_id)
     response.headers["Location"] = f"/v1/documents/{row.document_id}"
-    return DocumentAccepted(document_id=row.document_id, status="queued")
+    return DocumentAccepted(document_id=row.document_id, status=row.status if row.next_generation else "queued",
+                            reindex_status=row.next_status)
 
 
 @router.get("", response_model=DocumentList, summary="List your documents", responses=errors(401, 429))
@@ -207,7 +234,13 @@ def delete_document(document_id: str = DocumentId, caller: Caller = Depends(requ
         except BackendError as exc:
             # the document is gone for the tenant; the orphan pages are swept at the next start
             log.warning("deleted %s:%s from the store but not from the index: %s", caller.tenant, document_id, exc)
+    services.worker.cancel(caller.tenant, document_id)  # kills its extraction, if one runs
     shutil.rmtree(Path(row.file_path).parent, ignore_errors=True)
+    if row.next_file_path:
+        shutil.rmtree(Path(row.next_file_path).parent, ignore_errors=True)
+    for generation in (row.generation, row.next_generation):
+        if generation:
+            services.renderer.forget(caller.tenant, generation)
     return Response(status_code=204)
 
 
@@ -218,18 +251,26 @@ def _page_number(row: DocumentRow, page: int) -> None:
                        {"document_id": row.document_id, "page": page, "pages": row.pages})
 
 
-def _render_png(path: str, page: int, width: int, terms: list[str] | None = None) -> bytes:
-    import pymupdf
-
-    with pymupdf.open(path, filetype="pdf") as doc:
-        p = doc.load_page(page - 1)
-        if terms:
-            mark_page(p, terms)  # in memory only: the stored PDF is never written
-        rect = p.rect
-        zoom = width / rect.width if rect.width else 1.0
-        if rect.height * zoom > PNG_MAX_HEIGHT:
-            zoom = PNG_MAX_HEIGHT / rect.height
-        return p.get_pixmap(matrix=pymupdf.Matrix(zoom, zoom), alpha=False).tobytes("png")
+async def _rendered(renderer: PageRenderer, tenant: str, row: DocumentRow, page: int, width: int,
+                    terms: list[str] | None) -> bytes:
+    """The cached PNG, or one rendered in a slot. Slots are taken here, in the
+    event loop: a request over the caps waits without holding a thread (the web
+    page loads three thumbnails at once), looking again for the image another
+    request may have rendered meanwhile, and gets the 429/503 once it has waited
+    RENDER_SLOT_WAIT_S."""
+    waited_until = time.monotonic() + RENDER_SLOT_WAIT_S
+    while True:
+        png = await run_in_threadpool(renderer.cached, tenant, row.generation, page, width, terms)
+        if png is not None:
+            return png
+        try:
+            with renderer.slot(tenant):
+                return await run_in_threadpool(renderer.render, tenant, row.generation, row.file_path, page, width,
+                                               terms)
+        except RenderRefused as exc:
+            if exc.status not in (429, 503) or time.monotonic() >= waited_until:
+                raise
+        await asyncio.sleep(0.1)
 
 
 # Declared before the text route: "/pages/3.png" must not reach "/pages/{page}".
@@ -237,7 +278,7 @@ def _render_png(path: str, page: int, width: int, terms: list[str] | None = None
     "/{document_id}/pages/{page}.png", summary="A page rendered as PNG",
     response_class=Response,
     responses={200: {"content": {"image/png": {}}, "description": "The page as a PNG image."},
-               **errors(401, 404, 409, 422, 429, 504)},
+               **errors(401, 404, 409, 422, 429, 503)},
 )
 async def page_png(
     document_id: str = DocumentId,
@@ -252,7 +293,13 @@ async def page_png(
 ) -> Response:
     row = await run_in_threadpool(find_document, services, caller, document_id)
     _page_number(row, page)
-    png = await run_blocking(services, _render_png, row.file_path, page, width, highlight_terms(highlight))
+    renderer, terms = services.renderer, highlight_terms(highlight)
+    try:
+        png = await _rendered(renderer, caller.tenant, row, page, width, terms)
+    except RenderRefused as exc:
+        headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after else None
+        raise ApiError(exc.status, exc.code, str(exc), {"document_id": document_id, "page": page},
+                       headers=headers) from None
     return Response(content=png, media_type="image/png", headers={"Cache-Control": "private, max-age=3600"})
 
 

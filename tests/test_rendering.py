@@ -1,0 +1,110 @@
+"""api/rendering.py: page images rendered in a bounded child, capped, cached."""
+
+from __future__ import annotations
+
+import struct
+import time
+
+import pytest
+
+from tests.utils import hostile_pdfs as H
+from evidentia.api.rendering import PageRenderer, RenderRefused
+from evidentia.config import Settings
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    return struct.unpack(">II", data[16:24])
+
+
+@pytest.fixture
+def renderer(tmp_path):
+    settings = Settings(data_dir=tmp_path / "data", render_memory_mb=150, render_timeout_s=10,
+                        render_max_pixels=200_000, render_concurrency=2, render_concurrency_per_tenant=1)
+    return PageRenderer(settings)
+
+
+def test_render_is_bounded_in_pixels_and_cached(renderer, tmp_path):
+    pdf = str(H.real_report(tmp_path / "r.pdf", pages=2))
+    png = renderer.render("t1", "g1", pdf, 1, 2000, None)
+    w, h = png_size(png)
+    assert w * h <= 200_000 and w < 2000
+    assert renderer.cached("t1", "g1", 1, 2000, None) == png
+    assert renderer.cached("t1", "g1", 2, 2000, None) is None
+    assert renderer.cached("t1", "g2", 1, 2000, None) is None  # another upload generation: another key
+    renderer.forget("t1", "g1")
+    assert renderer.cached("t1", "g1", 1, 2000, None) is None
+
+
+def test_a_huge_image_page_renders_within_the_bounds(renderer, tmp_path):
+    pdf = str(H.huge_image(tmp_path / "huge.pdf", side=12000))  # 144 MB of pixels once decoded
+    t0 = time.perf_counter()
+    w, h = png_size(renderer.render("t1", "g1", pdf, 1, 2000, None))
+    assert w * h <= 200_000 and time.perf_counter() - t0 < 10
+
+
+def test_a_slow_page_fails_with_a_reason_and_is_remembered(tmp_path):
+    tight = PageRenderer(Settings(data_dir=tmp_path / "data", render_timeout_s=1))
+    pdf = str(H.spaces_bomb(tmp_path / "spaces.pdf", inflated_mb=512))
+    t0 = time.perf_counter()
+    with pytest.raises(RenderRefused) as info:
+        tight.render("t1", "g1", pdf, 1, 800, None)
+    assert time.perf_counter() - t0 < 5
+    assert info.value.status == 422 and info.value.code == "page_not_renderable"
+    assert str(info.value) == ("page 1 cannot be rendered: page rendering took longer than 1 s "
+                               "(EVIDENTIA_RENDER_TIMEOUT_S)")
+    t0 = time.perf_counter()
+    with pytest.raises(RenderRefused, match="took longer than 1 s"):
+        tight.cached("t1", "g1", 1, 800, None)  # the failure is cached: no second child
+    assert time.perf_counter() - t0 < 0.1
+
+
+def test_concurrency_caps_per_tenant_and_in_all(renderer):
+    with renderer.slot("a"):
+        with pytest.raises(RenderRefused) as info:
+            with renderer.slot("a"):
+                pass
+        assert info.value.status == 429 and "EVIDENTIA_RENDER_CONCURRENCY_PER_TENANT" in str(info.value)
+        with renderer.slot("b"):
+            with pytest.raises(RenderRefused) as info:
+                with renderer.slot("c"):
+                    pass
+            assert info.value.status == 503 and info.value.retry_after == 1
+    with renderer.slot("a"), renderer.slot("c"):  # slots are given back
+        pass
+
+
+def test_a_missing_file_asks_for_a_retry(renderer, tmp_path):
+    with pytest.raises(RenderRefused) as info:
+        renderer.render("t1", "g1", str(tmp_path / "gone.pdf"), 1, 800, None)
+    assert info.value.status == 409 and str(tmp_path) not in str(info.value)
+
+
+def test_concurrent_requests_of_one_tenant_wait_for_a_slot_and_share_the_render(tmp_path):
+    """The web page loads three thumbnails at once while a tenant may render one
+    page at a time: the others wait (without a thread) and mostly find the
+    image the first one rendered."""
+    import threading
+
+    from fastapi.testclient import TestClient
+
+    from tests.utils.api import make_app, new_tenant, ready_document, services_of, wait_ready
+
+    pdf = H.real_report(tmp_path / "r.pdf", pages=3)
+    with TestClient(make_app(tmp_path)) as c:
+        wait_ready(c)
+        h = new_tenant(c)
+        ready_document(c, h, pdf, "report")
+        statuses: list[int] = []
+        urls = [f"/v1/documents/report/pages/{1 + i % 3}.png?width=300" for i in range(9)]
+
+        def get(url: str) -> None:
+            statuses.append(c.get(url, headers=h).status_code)
+
+        threads = [threading.Thread(target=get, args=(u,)) for u in urls]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert statuses == [200] * 9
+        cache = services_of(c).renderer.cache_dir
+        assert len(list(cache.rglob("*.png"))) == 3  # one render per page
