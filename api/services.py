@@ -143,32 +143,32 @@ class RerankerCache:
 
 class SharedEmbedder(PageEmbedder):
     """The app's one ``PageEmbedder``, shared by the indexing worker and the
-    validation requests: the model is loaded once, and every use of the model
-    (tokenizing a page into windows, encoding a batch) holds a lock, because a
-    fast tokenizer used from two threads at once fails ("Already borrowed"). A
-    query waits for at most one batch of an upload being embedded, not for the
-    whole document."""
+    validation requests: the model is loaded once, and every use of a tokenizer
+    (and of a torch model) holds a lock, because a fast tokenizer used from two
+    threads at once fails ("Already borrowed"). ONNX Runtime sessions are
+    thread-safe, so on the ONNX path a query's encoding never waits for an
+    upload's batch; on the torch path it waits for at most one chunk."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._lock = threading.RLock()
 
-    @property
-    def model(self):
-        if self._model is None:
+    def _load(self) -> None:
+        if not self.loaded:
             with self._lock:
-                return super().model
-        return self._model
+                super()._load()
 
-    @property
-    def loaded(self) -> bool:
-        return self._model is not None
-
-    def windows(self, text: str) -> list[str]:
+    def _tokenize(self, texts):
         with self._lock:
-            return super().windows(text)
+            return super()._tokenize(texts)
+
+    def _token_ids(self, texts):
+        with self._lock:
+            return super()._token_ids(texts)
 
     def _encode(self, texts: list[str], role: str = "document"):
+        if self._onnx is not None:
+            return super()._encode(texts, role)
         with self._lock:
             return super()._encode(texts, role)
 
@@ -220,10 +220,7 @@ class Services:
         Raises EmbeddingError (a ConfigError) when the model cannot be loaded."""
         embedder = self.embedder
         if embedder is not None and not embedder.loaded:
-            from evidentia.reranker.classifier_model import set_torch_threads
-
-            set_torch_threads(self.settings.torch_threads)
-            embedder.model  # noqa: B018 (loads it, once, under the embedder's lock)
+            embedder.load()  # once, under the embedder's lock (ONNX export on first use, then cached)
         return embedder
 
     @property

@@ -131,7 +131,7 @@ def search(
     top_k: Optional[int] = typer.Option(None, "--top-k", help="Candidate pool size (default EVIDENTIA_POOL_SIZE, 20)."),
     reranker: str = typer.Option("none", "--reranker", help="none, llm or classifier."),
     stage: Optional[str] = typer.Option(None, "--stage", help="First stage: bm25, dense or hybrid "
-                                        "(default EVIDENTIA_STAGE, bm25)."),
+                                        "(default EVIDENTIA_STAGE, hybrid; bm25 with EVIDENTIA_DENSE=off)."),
     threshold: Optional[float] = typer.Option(None, "--threshold", help="Drop pages whose relevance probability is "
                                               "below T (classifier; default EVIDENTIA_CLASSIFIER_THRESHOLD, 0.15)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
@@ -155,10 +155,10 @@ def search(
         threshold = ctx.settings.classifier_threshold
     if stage is not None and stage not in STAGES:
         raise fail(f"--stage must be one of {', '.join(STAGES)}")
-    stage = stage or ctx.settings.stage
+    asked, stage = stage, stage or ctx.settings.stage  # the default stage may fall back to bm25, one asked for not
     try:
         pipeline = Pipeline.from_settings(ctx.settings, ctx.backend, ctx.detector,
-                                          create_reranker(reranker, ctx.settings, threshold), stage=stage,
+                                          create_reranker(reranker, ctx.settings, threshold), stage=asked,
                                           embedder=ctx.embedder if stage != "bm25" else None, pool_size=k)
         result = pipeline.run(question, answer, doc)
     except (ConfigError, EmbeddingError) as exc:
@@ -167,15 +167,17 @@ def search(
         raise fail(f"{exc}; `evidentia docs` lists the indexed ones", EXIT_BAD_INPUT)
     except BackendError as exc:
         raise fail(str(exc), EXIT_BACKEND)
-    if result.fallback_reason:
-        typer.echo(f"warning: {result.fallback_reason}", err=True)
+    for note in (result.stage_note, result.fallback_reason):
+        if note:
+            typer.echo(f"warning: {note}", err=True)
     if as_json:
         typer.echo(json.dumps({"pages": [
             {"doc_id": p.doc_id, "page": p.page, "score": round(p.score, 6),
              **({"probability": round(p.probability, 6)} if p.probability is not None else {}),
              "snippet": p.snippet}
             for p in result.pages
-        ], "reranker": result.reranker, "fallback_reason": result.fallback_reason}, ensure_ascii=False))
+        ], "reranker": result.reranker, "fallback_reason": result.fallback_reason, "stage": result.stage,
+            "stage_note": result.stage_note}, ensure_ascii=False))
         return
     if not result.pages:
         typer.echo("no matching page")
@@ -254,6 +256,10 @@ app.add_typer(models_app, name="models")
 from evidentia.api.cli import keys_app, serve_command  # noqa: E402
 
 app.command("serve")(serve_command)
+
+from evidentia.retriever.embed_cli import embed_command  # noqa: E402
+
+app.command("embed")(embed_command)
 app.add_typer(keys_app, name="keys")
 
 

@@ -15,7 +15,7 @@ from evidentia.config import STAGES, ConfigError
 from evidentia.indexer.language import LanguageDetector
 from evidentia.records import Candidate, RankedPage
 from evidentia.reranker.base import NoReranker, Reranker
-from evidentia.retriever.base import SearchBackend
+from evidentia.retriever.base import MissingVectorsError, SearchBackend
 from evidentia.retriever.fusion import rrf
 from evidentia.retriever.query import KeywordQuery, build_query
 from evidentia.retriever.snippet import make_snippet
@@ -32,6 +32,8 @@ class PipelineResult:
     reranker: str
     fallback_reason: str | None = None
     timings_ms: dict[str, float] = field(default_factory=dict)
+    stage: str = ""  # the first stage that built the pool (bm25 when hybrid fell back)
+    stage_note: str | None = None  # why the stage fell back, and how to add the missing vectors
 
 
 @dataclass
@@ -45,6 +47,9 @@ class Pipeline:
     rrf_k: int = 60
     hybrid_weights: tuple[float, float] = (1.0, 1.0)  # (bm25, dense)
     hybrid_depth: int = 2  # each ranking fused is pool_size * hybrid_depth deep
+    # hybrid on documents without page vectors: search them with bm25 and say so
+    # (the default stage), instead of raising MissingVectorsError (a stage asked for).
+    bm25_fallback: bool = False
 
     def __post_init__(self) -> None:
         if self.stage not in STAGES:
@@ -58,6 +63,7 @@ class Pipeline:
                       embedder: "PageEmbedder | None" = None, pool_size: int | None = None) -> "Pipeline":
         """A pipeline with the settings' first stage (or ``stage``); the embedder is
         created from the settings when the stage needs one and none is given."""
+        fallback = stage is None  # the default stage falls back; a stage asked for raises
         stage = stage or settings.stage
         if stage != "bm25" and embedder is None:
             from evidentia.retriever.dense import PageEmbedder
@@ -66,7 +72,7 @@ class Pipeline:
         return cls(backend=backend, detector=detector, reranker=reranker or NoReranker(),
                    pool_size=pool_size or settings.pool_size, stage=stage, embedder=embedder,
                    rrf_k=settings.rrf_k, hybrid_weights=tuple(settings.hybrid_weights),
-                   hybrid_depth=settings.hybrid_depth)
+                   hybrid_depth=settings.hybrid_depth, bm25_fallback=fallback)
 
     def retrieve(self, question: str, answer: str, doc_ids: Sequence[str],
                  timings: dict[str, float] | None = None) -> list[Candidate]:
@@ -94,7 +100,15 @@ class Pipeline:
     def run(self, question: str, answer: str, doc_ids: Sequence[str]) -> PipelineResult:
         t0 = time.perf_counter()
         timings: dict[str, float] = {}
-        candidates = self.retrieve(question, answer, doc_ids, timings)
+        stage, note = self.stage, None
+        try:
+            candidates = self.retrieve(question, answer, doc_ids, timings)
+        except MissingVectorsError as exc:
+            if self.stage != "hybrid" or not self.bm25_fallback:
+                raise
+            stage, note = "bm25", missing_vectors_note(exc.doc_ids)
+            query = build_query(question, answer, self.detector)
+            candidates = self.backend.search(query.keywords, doc_ids, self.pool_size)
         t1 = time.perf_counter()
         result = self.reranker.rerank(question, answer, candidates)
         t2 = time.perf_counter()
@@ -105,4 +119,14 @@ class Pipeline:
             reranker=self.reranker.name,
             fallback_reason=result.fallback_reason,
             timings_ms=timings,
+            stage=stage,
+            stage_note=note,
         )
+
+
+def missing_vectors_note(doc_ids: Sequence[str]) -> str:
+    shown = ", ".join(doc_ids[:5]) + (f" and {len(doc_ids) - 5} more" if len(doc_ids) > 5 else "")
+    args = " ".join(f"--doc {d}" for d in doc_ids[:5])
+    return (f"searched with bm25: no page embeddings for {shown} (indexed with EVIDENTIA_DENSE=off or before "
+            f"dense retrieval); `evidentia embed {args}` adds them from the indexed text, "
+            f"then searches use the hybrid stage")

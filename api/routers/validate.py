@@ -119,7 +119,8 @@ async def validate(body: ValidateRequest, caller: Caller = Depends(require_tenan
                 raise ApiError(503, "embedder_unavailable", f"the embedding model for the {stage} stage cannot "
                                f"be loaded: {exc}") from None
         t1 = time.perf_counter()
-        pipeline = Pipeline.from_settings(services.settings, backend, services.detector, reranker, stage=stage,
+        # stage=None: the server's default, which falls back to bm25 (with a note) on documents without vectors
+        pipeline = Pipeline.from_settings(services.settings, backend, services.detector, reranker, stage=body.stage,
                                           embedder=embedder, pool_size=top_k)
         with services.rerankers.gate(name, until) as waited:
             if time.monotonic() > until:
@@ -168,6 +169,7 @@ async def validate(body: ValidateRequest, caller: Caller = Depends(require_tenan
     m.validation_seconds.labels(result.reranker).observe(timings["total"] / 1000)
     if result.fallback_reason:
         m.fallbacks.labels(result.reranker).inc()
-    return ValidateResponse(validation_id=validation.validation_id, pages=pages, reranker=result.reranker, stage=stage,
+    return ValidateResponse(validation_id=validation.validation_id, pages=pages, reranker=result.reranker,
+                            stage=result.stage or stage, stage_note=result.stage_note,
                             fallback_reason=result.fallback_reason,
                             timings_ms={k: round(v, 2) for k, v in timings.items()}, model_version=version)
