@@ -207,6 +207,26 @@ class PageEmbedder:
             raise AttributeError("the ONNX runtime has no torch model (EVIDENTIA_DENSE_RUNTIME=torch)")
         return self._model
 
+    def with_windows(self, **changes) -> "PageEmbedder":
+        """A copy with other window settings (``max_tokens``, ``window_overlap``,
+        ``max_windows``, ``batch_size``) sharing this one's loaded model."""
+        import copy
+
+        allowed = {"max_tokens", "window_overlap", "max_windows", "batch_size"}
+        if set(changes) - allowed:
+            raise TypeError(f"with_windows takes {', '.join(sorted(allowed))}")
+        merged = {k: getattr(self, k) for k in allowed} | changes
+        PageEmbedder(runtime=self.requested_runtime, **merged)  # validates
+        other = copy.copy(self)
+        other.__dict__.update(merged)
+        other.stats = EmbeddingStats()
+        return other
+
+    def token_count(self, text: str) -> int:
+        """Tokens of ``text`` without special tokens (what a window's size counts)."""
+        self._load()
+        return len(self._tokenize([text])[0][0])
+
     @property
     def loaded(self) -> bool:
         return self._onnx is not None or self._model is not None
@@ -297,14 +317,14 @@ class PageEmbedder:
                         on_progress: Callable[[int], None] | None = None) -> list[PageVectors]:
         """``embed_pages`` of several documents at once: their windows share batches
         (sorted by length, so a batch pads little), which matters for many short
-        documents. Pages are taken in chunks of about ``8 * batch_size`` windows so
+        documents. Pages are taken in chunks of about ``4 * batch_size`` windows so
         that progress shows while a long document runs."""
         t0 = time.perf_counter()
         flat = [(d, page) for d, pages in enumerate(documents) for page in pages]
         windows = self._page_windows([page for _, page in flat])
         per_doc: list[list[np.ndarray]] = [[] for _ in documents]
         rows: list[list[int]] = [[] for _ in documents]
-        chunk = self.batch_size * 8
+        chunk = self.batch_size * 4
         lo = 0
         while lo < len(flat):
             hi, count = lo, 0
