@@ -34,6 +34,7 @@ class PipelineResult:
     timings_ms: dict[str, float] = field(default_factory=dict)
     stage: str = ""  # the first stage that built the pool (bm25 when hybrid fell back)
     stage_note: str | None = None  # why the stage fell back, and how to add the missing vectors
+    without_vectors: tuple[str, ...] = ()  # the documents that made it fall back
 
 
 @dataclass
@@ -100,13 +101,13 @@ class Pipeline:
     def run(self, question: str, answer: str, doc_ids: Sequence[str]) -> PipelineResult:
         t0 = time.perf_counter()
         timings: dict[str, float] = {}
-        stage, note = self.stage, None
+        stage, note, without = self.stage, None, ()
         try:
             candidates = self.retrieve(question, answer, doc_ids, timings)
         except MissingVectorsError as exc:
             if self.stage != "hybrid" or not self.bm25_fallback:
                 raise
-            stage, note = "bm25", missing_vectors_note(exc.doc_ids)
+            stage, note, without = "bm25", missing_vectors_note(exc.doc_ids), tuple(exc.doc_ids)
             query = build_query(question, answer, self.detector)
             candidates = self.backend.search(query.keywords, doc_ids, self.pool_size)
         t1 = time.perf_counter()
@@ -121,6 +122,7 @@ class Pipeline:
             timings_ms=timings,
             stage=stage,
             stage_note=note,
+            without_vectors=without,
         )
 
 

@@ -170,6 +170,14 @@ async def validate(body: ValidateRequest, caller: Caller = Depends(require_tenan
     if result.fallback_reason:
         m.fallbacks.labels(result.reranker).inc()
     return ValidateResponse(validation_id=validation.validation_id, pages=pages, reranker=result.reranker,
-                            stage=result.stage or stage, stage_note=result.stage_note,
+                            stage=result.stage or stage, stage_note=_stage_note(result.without_vectors),
                             fallback_reason=result.fallback_reason,
                             timings_ms={k: round(v, 2) for k, v in timings.items()}, model_version=version)
+
+
+def _stage_note(without_vectors) -> str | None:
+    """The pipeline's note in the caller's terms (their ids; they upload, not run the CLI)."""
+    if not without_vectors:
+        return None
+    return (f"searched with bm25: document(s) {', '.join(_external(without_vectors))} have no page embeddings "
+            f"(uploaded while EVIDENTIA_DENSE was off); upload them again to search them with the hybrid stage")
