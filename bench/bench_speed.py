@@ -13,8 +13,11 @@
    /v1/validate`` (default stage) p50/p95 with 1 and 4 concurrent clients, for
    reranker ``none`` and ``classifier``; time from start to /ready.
 
-The machine's load (``os.getloadavg``) is printed before and after each part:
-other processes share the cores, and the numbers mean little without it.
+The machine's load (``os.getloadavg``) is printed with each part: other
+processes share the cores, and wall-clock numbers mean little without it. So
+each part also reports CPU seconds (this process's, or the child's for a fresh
+process): with one thread, pages per CPU-second is about what an idle core
+does, whatever the load.
 
 Usage: python bench/bench_speed.py [--data ../shared/data/financebench-dev]
        [--repeat 3] [--api-docs 3] [--skip-classifier] [--json]
@@ -53,6 +56,17 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
+def cpu() -> float:
+    return time.process_time()
+
+
+def children_cpu() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def extraction_rate(pdfs: list[Path]) -> tuple[int, float]:
     import pymupdf
 
@@ -66,12 +80,13 @@ def extraction_rate(pdfs: list[Path]) -> tuple[int, float]:
     return pages, time.perf_counter() - t0
 
 
-def cli_search(env: dict, doc_id: str, question: str, answer: str, *extra: str) -> tuple[float, int, str]:
-    t0 = time.perf_counter()
+def cli_search(env: dict, doc_id: str, question: str, answer: str, *extra: str) -> tuple[float, float, int, str]:
+    """(wall s, CPU s of the child, exit code, last stderr line) of one fresh `evidentia search`."""
+    t0, c0 = time.perf_counter(), children_cpu()
     done = subprocess.run([evidentia_exe(), "search", "--doc", doc_id, "-q", question, "-a", answer, "--json",
                            *extra], env=env, capture_output=True, text=True, timeout=600)
     seconds = time.perf_counter() - t0
-    return seconds, done.returncode, (done.stderr.strip().splitlines() or [""])[-1]
+    return seconds, children_cpu() - c0, done.returncode, (done.stderr.strip().splitlines() or [""])[-1]
 
 
 def api_load(http: Http, queries: list[dict], doc_ids: dict[str, str], reranker: str, clients: int,
@@ -123,13 +138,15 @@ def main() -> int:
     ap.add_argument("--api-requests", type=int, default=20, help="validations per (reranker, clients) level")
     ap.add_argument("--skip-classifier", action="store_true")
     ap.add_argument("--skip-api", action="store_true")
+    ap.add_argument("--docs", type=int, default=0, help="only the first N PDFs (a smoke test)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if not (args.data / "queries.jsonl").exists():
         print(f"error: {args.data}/queries.jsonl not found (pass --data)", file=sys.stderr)
         return 2
-    pdfs = sorted((args.data / "pdfs").glob("*.pdf"))
+    pdfs = sorted((args.data / "pdfs").glob("*.pdf"))[:args.docs or None]
     queries = [json.loads(line) for line in (args.data / "queries.jsonl").open()]
+    queries = [q for q in queries if q["doc_id"] in {p.stem for p in pdfs}]
     settings = Settings.from_env({})  # the defaults, whatever the environment says
     res: dict = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
                  "threads": settings.inference_threads}
@@ -139,16 +156,19 @@ def main() -> int:
     # 1. extraction (twice: the first run also warms the file cache)
     extraction_rate(pdfs[:3])
     log(f"extraction ... {load()}")
+    c0 = cpu()
     pages, seconds = extraction_rate(pdfs)
     res["pages"] = pages
     res["extract_pages_per_s"] = round(pages / seconds, 1)
+    res["extract_pages_per_cpu_s"] = round(pages / (cpu() - c0), 1)
     res["extract_load"] = load()
 
     # 2. indexing
     log(f"indexing without embeddings ... {load()}")
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), cpu()
     plain = index_paths(pdfs, TantivyBackend(work / "plain"), detector)
     res["index_pages_per_s_without_embeddings"] = round(plain.pages / (time.perf_counter() - t0), 1)
+    res["index_pages_per_cpu_s_without_embeddings"] = round(plain.pages / (cpu() - c0), 1)
     res["index_plain_load"] = load()
 
     embedder = PageEmbedder.from_settings(settings.with_(data_dir=work / "data"))
@@ -161,11 +181,12 @@ def main() -> int:
     log(f"indexing with embeddings ({embedder.runtime}) ... {load()}")
     data_dir = work / "data"
     backend = TantivyBackend(data_dir / "index")
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), cpu()
     dense = index_paths(pdfs, backend, detector, embedder=embedder)
     seconds = time.perf_counter() - t0
     backend.close()
     res["index_pages_per_s_with_embeddings"] = round(dense.pages / seconds, 1)
+    res["index_pages_per_cpu_s_with_embeddings"] = round(dense.pages / (cpu() - c0), 1)
     res["embedded_windows"] = embedder.stats.windows
     res["embedding_share"] = round(dense.embed_seconds / seconds, 2)
     res["index_dense_load"] = load()
@@ -182,16 +203,18 @@ def main() -> int:
     searches = {}
     for label, extra in runs:
         log(f"fresh-process search {label} ... {load()}")
-        times, notes = [], set()
+        times, cpus, notes = [], [], set()
         for i in range(args.repeat):
             q = queries[(7 * i) % len(queries)]
-            seconds, code, last = cli_search(env, q["doc_id"], q["question"], q["answer"], *extra)
+            seconds, cpu_s, code, last = cli_search(env, q["doc_id"], q["question"], q["answer"], *extra)
             if code == 0:
                 times.append(seconds)
+                cpus.append(cpu_s)
             else:
                 notes.add(f"rc={code}: {last[:200]}")
         searches[label] = {"median_s": round(statistics.median(times), 2) if times else None,
-                           "min_s": round(min(times), 2) if times else None, "runs": len(times),
+                           "min_s": round(min(times), 2) if times else None,
+                           "cpu_s_median": round(statistics.median(cpus), 2) if cpus else None, "runs": len(times),
                            "load": load(), **({"errors": sorted(notes)} if notes else {})}
     res["cli_search"] = searches
 
