@@ -9,7 +9,7 @@ import typer
 
 
 def _settings():
-    from evidentia.cli import fail
+    from evidentia.console import fail
     from evidentia.config import ConfigError, Settings
 
     try:
@@ -38,16 +38,16 @@ def serve_command(
     uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=10)
 
 
-keys_app = typer.Typer(no_args_is_help=True, help="API keys of the validation API (written to its store).")
+keys_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="API keys of the validation API (written to its store).")
 
 
 def _store():
-    from evidentia.api.services import store_path
-    from evidentia.api.store import Store, StoreError
-    from evidentia.cli import fail
+    from evidentia.store import store_path
+    from evidentia.store import Store, StoreError
+    from evidentia.console import fail
 
     try:
-        return Store(store_path(_settings()))
+        return Store(store_path(_settings().data_dir))
     except StoreError as exc:
         raise fail(str(exc), 3)
 
@@ -56,7 +56,7 @@ def _store():
 def keys_create(tenant: str = typer.Option(..., "--tenant", help="Tenant the key acts for (created on first use)."),
                 as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")):
     """Create an API key; the key is printed once (stdout), only its salted hash is stored."""
-    from evidentia.cli import fail
+    from evidentia.console import fail
 
     store = _store()
     try:
@@ -90,7 +90,7 @@ def keys_list():
 @keys_app.command("delete")
 def keys_delete(key_id: str = typer.Argument(..., help="The key id (from `evidentia keys list`).")):
     """Revoke a key."""
-    from evidentia.cli import EXIT_BAD_INPUT, fail
+    from evidentia.console import EXIT_BAD_INPUT, fail
 
     store = _store()
     try:

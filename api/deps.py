@@ -17,7 +17,7 @@ from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBea
 
 from evidentia.api.errors import ApiError
 from evidentia.api.services import Services
-from evidentia.api.store import ApiKey
+from evidentia.store import ApiKey
 
 T = TypeVar("T")
 

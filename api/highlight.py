@@ -19,14 +19,19 @@ STEM = 6
 
 
 def highlight_terms(raw: str | None) -> list[str]:
-    """Distinct tokens of ``raw`` (single letters dropped), at most MAX_TERMS."""
+    """Distinct tokens of ``raw`` (single letters dropped), at most MAX_TERMS. Of a
+    word that holds a figure only the figure counts: ``US$100`` marks 100, not
+    every ``US$`` amount on the page."""
     seen: dict[str, None] = {}
-    for tok in tokens(normalise_numbers((raw or "")[:MAX_HIGHLIGHT_CHARS])):
-        if len(tok) == 1 and not tok.isdigit():
-            continue
-        seen.setdefault(tok, None)
-        if len(seen) >= MAX_TERMS:
-            break
+    for word in normalise_numbers((raw or "")[:MAX_HIGHLIGHT_CHARS]).split():
+        found = tokens(word)
+        figures = [t for t in found if t[:1].isdigit()]
+        for tok in figures or found:
+            if len(tok) == 1 and not tok.isdigit():
+                continue
+            seen.setdefault(tok, None)
+            if len(seen) >= MAX_TERMS:
+                return list(seen)
     return list(seen)
 
 

@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from evidentia.indexer.pdf import PdfError, extract_pages
-from evidentia.indexer.pipeline import embed_document
+from evidentia.indexing import embed_document
 from evidentia.retriever.base import BackendError
+from evidentia.tenants import internal_id
 
 if TYPE_CHECKING:
     from evidentia.api.services import Services
@@ -32,23 +33,28 @@ log = logging.getLogger("evidentia.api.indexing")
 BACKEND_ATTEMPTS = 3
 
 
-def internal_id(tenant: str, document_id: str) -> str:
-    """The id under which a tenant's document lives in the search backend. Neither
-    part may contain ':' (see store.TENANT_RE / DOCUMENT_ID_RE), so it is unambiguous."""
-    return f"{tenant}:{document_id}"
-
-
-def split_internal_id(doc_id: str) -> tuple[str, str] | None:
-    tenant, sep, document_id = doc_id.partition(":")
-    return (tenant, document_id) if sep and tenant and document_id else None
-
-
 class IndexingWorker:
     def __init__(self, services: "Services") -> None:
         self.services = services
         self.queue: "queue.Queue[tuple[str, str, str] | None]" = queue.Queue()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # (tenant, document_id) -> (pages done, pages in the document) while it is being
+        # indexed: transient, so kept in memory rather than written to the store
+        self._progress: dict[tuple[str, str], tuple[int, int]] = {}
+        self._progress_lock = threading.Lock()
+
+    def progress(self, tenant: str, document_id: str) -> tuple[int, int] | None:
+        """(pages done, pages in all) of a document being indexed, else None."""
+        with self._progress_lock:
+            return self._progress.get((tenant, document_id))
+
+    def _set_progress(self, tenant: str, document_id: str, done: int | None, total: int = 0) -> None:
+        with self._progress_lock:
+            if done is None:
+                self._progress.pop((tenant, document_id), None)
+            else:
+                self._progress[(tenant, document_id)] = (done, total)
 
     def start(self) -> None:
         pending = self.services.store.pending_documents()
@@ -105,6 +111,12 @@ class IndexingWorker:
         log.info("document %s:%s failed: %s", tenant, document_id, reason)
 
     def _index(self, tenant: str, document_id: str, generation: str) -> None:
+        try:
+            self._index_document(tenant, document_id, generation)
+        finally:
+            self._set_progress(tenant, document_id, None)
+
+    def _index_document(self, tenant: str, document_id: str, generation: str) -> None:
         services = self.services
         store = services.store
         row = store.get_document(tenant, document_id)
@@ -114,7 +126,7 @@ class IndexingWorker:
             return
         t0 = time.perf_counter()
         try:
-            document = extract_pages(Path(row.file_path), internal_id(tenant, document_id), services.index_detector)
+            document = extract_pages(Path(row.file_path), internal_id(tenant, document_id), services.detector)
         except PdfError as exc:
             self._fail(tenant, document_id, generation, str(exc))
             return
@@ -127,9 +139,17 @@ class IndexingWorker:
             self._fail(tenant, document_id, generation,
                        f"{row.filename}: {document.page_count} pages, over the limit of {limit} (EVIDENTIA_MAX_PAGES)")
             return
+        self._set_progress(tenant, document_id, 0, document.page_count)
         if services.settings.dense:
+            done = 0
+
+            def on_embedded(pages: int) -> None:
+                nonlocal done
+                done += pages
+                self._set_progress(tenant, document_id, done, document.page_count)
+
             try:
-                document = embed_document(document, services.load_embedder())
+                document = embed_document(document, services.load_embedder(), on_embedded)
             except Exception as exc:  # EmbeddingError (model cannot load), tokenizer or torch errors
                 log.exception("embedding %s:%s", tenant, document_id)
                 self._fail(tenant, document_id, generation,

@@ -32,10 +32,17 @@ class DocumentAccepted(BaseModel):
     status: Status = Field(..., examples=["queued"])
 
 
+class IndexingProgress(BaseModel):
+    pages_done: int = Field(..., description="Pages read and embedded so far.")
+    pages_total: int = Field(..., description="Pages in the document.")
+
+
 class DocumentOut(BaseModel):
     document_id: str
     status: Status
     reason: str | None = Field(None, description="Why indexing failed (status `failed`), else null.")
+    progress: IndexingProgress | None = Field(None, description="While `indexing`: pages done of the document's "
+                                              "pages (null before its pages are counted, and otherwise).")
     filename: str = Field(..., description="Name of the uploaded file.")
     size_bytes: int
     pages: int | None = Field(None, description="Page count, once indexed.")
@@ -105,6 +112,9 @@ class ValidateResponse(BaseModel):
     timings_ms: dict[str, float]
     model_version: str | None = Field(None, description="Identifies the classifier model (name@created+data hash); "
                                       "null for other rerankers.")
+    candidates: int = Field(0, description="Pages in the first-stage pool the reranker saw.")
+    note: str | None = Field(None, description="When no page came back: why (no searchable word, no page with "
+                             "the words, every candidate below the threshold) and what to do.")
 
 
 # -- feedback -----------------------------------------------------------------

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pymupdf
 
-from evidentia.indexer.language import LanguageDetector
-from evidentia.indexer.pipeline import index_paths
+from evidentia.language import LanguageDetector
+from evidentia.indexing import index_paths
 from evidentia.retriever.query import build_query
 from evidentia.retriever.tantivy_backend import TantivyBackend
 

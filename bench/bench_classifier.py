@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from evidentia.indexer.language import LanguageDetector
+from evidentia.language import LanguageDetector
 from evidentia.reranker.classifier import ClassifierReranker
 from evidentia.reranker.classifier_model import encode_windows
 from evidentia.retriever.query import build_query
@@ -39,11 +39,12 @@ def main() -> int:
     pages = windows = 0
     seconds = 0.0
     for q in queries:
-        pool = backend.search(build_query(q["question"], q["answer"], detector).keywords, [q["doc_id"]], 20)
+        query = build_query(q["question"], q["answer"], detector)
+        pool = backend.search(query.keywords, [q["doc_id"]], 20)
         windows += sum(len(encode_windows(reranker.tokenizer, q["question"], q["answer"], c.text,
                                           reranker.input_format)) for c in pool)
         t0 = time.perf_counter()
-        reranker.rerank(q["question"], q["answer"], pool)
+        reranker.rerank(query, pool)
         seconds += time.perf_counter() - t0
         pages += len(pool)
     print(json.dumps({

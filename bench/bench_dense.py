@@ -32,8 +32,8 @@ from pathlib import Path
 
 from evidentia.config import Settings
 from evidentia.evaluation import metrics
-from evidentia.indexer.language import LanguageDetector
-from evidentia.indexer.pipeline import index_paths
+from evidentia.language import LanguageDetector
+from evidentia.indexing import index_paths
 from evidentia.records import Candidate
 from evidentia.retriever.dense import PageEmbedder
 from evidentia.retriever.fusion import rrf

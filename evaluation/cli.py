@@ -73,11 +73,10 @@ def eval_command(
                                             "(default EVIDENTIA_POOL_SIZE, 20)."),
 ):
     """Evaluate configurations against queries with known relevant pages (P@k, R@k, MRR, nDCG, MAP, calibration)."""
-    from evidentia.cli import EXIT_BACKEND, EXIT_BAD_INPUT, Context, fail, index_missing_documents  # fail(): EXIT_USAGE
+    from evidentia.console import EXIT_BACKEND, EXIT_BAD_INPUT, Context, fail  # fail(): EXIT_USAGE
     from evidentia.config import ConfigError
     from evidentia.evaluation.queries import QueriesFileError, load_queries
-    from evidentia.evaluation.runner import (UnknownDocumentsError, missing_documents, parse_compare, run_configs,
-                                             summarize)
+    from evidentia.evaluation.runner import UnknownDocumentsError, all_doc_ids, parse_compare, run_configs, summarize
     from evidentia.retriever.base import BackendError, UnknownDocumentError
 
     try:
@@ -106,14 +105,9 @@ def eval_command(
     ctx = Context()
     pool = pool_size or ctx.settings.pool_size
     try:
-        backend = ctx.backend
-        if pdf_dir is not None:
-            index_missing_documents(ctx, items, pdf_dir)
-        missing = missing_documents(items, backend)
-        if missing:
-            raise fail(str(UnknownDocumentsError(missing, pdf_dir)), EXIT_BAD_INPUT)
-        config_runs = run_configs(items, configs, backend, ctx.detector, ctx.settings, pool_size=pool,
-                                  embedder=ctx.embedder)
+        ctx.require_documents(all_doc_ids(items), [pdf_dir] if pdf_dir else [],
+                              lambda missing: str(UnknownDocumentsError(missing, pdf_dir)))
+        config_runs = run_configs(items, configs, ctx.engine, pool_size=pool)
     except ConfigError as exc:
         raise fail(str(exc))
     except UnknownDocumentError as exc:

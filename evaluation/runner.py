@@ -1,4 +1,4 @@
-"""Run evaluation queries through the pipeline, once per configuration.
+"""Run evaluation queries through the engine, once per configuration.
 
 Each distinct (first stage, reranker) pair is built once and runs every query
 once. A reranker that outputs probabilities is built without a threshold, so it
@@ -10,19 +10,15 @@ the threshold sweep.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
-from evidentia.config import ConfigError, Settings
+from evidentia.config import ConfigError
+from evidentia.engine import Engine, RunConfig, SearchResult, parse_config
 from evidentia.evaluation import metrics
 from evidentia.evaluation.queries import EvalQuery, category_fields, category_of
-from evidentia.indexer.language import LanguageDetector
-from evidentia.pipeline import Pipeline, PipelineResult
 from evidentia.records import Candidate, RankedPage
-from evidentia.reranker.registry import PipelineConfig, create_reranker, parse_config
-from evidentia.retriever.base import SearchBackend
 
 # Thresholds of the sweep: 0, 0.05, ..., 0.9.
 SWEEP_THRESHOLDS = tuple(round(i * 0.05, 2) for i in range(19))
@@ -57,9 +53,9 @@ class UnknownDocumentsError(LookupError):
 # --------------------------------------------------------------------------- configurations
 
 
-def parse_compare(spec: str) -> list[PipelineConfig]:
+def parse_compare(spec: str) -> list[RunConfig]:
     """Comma-separated configuration strings; duplicates (same label) are dropped."""
-    configs: dict[str, PipelineConfig] = {}
+    configs: dict[str, RunConfig] = {}
     for part in spec.split(","):
         if not part.strip():
             continue
@@ -75,31 +71,6 @@ def parse_compare(spec: str) -> list[PipelineConfig]:
 
 def all_doc_ids(queries: Sequence[EvalQuery]) -> list[str]:
     return list(dict.fromkeys(d for q in queries for d in q.doc_ids))
-
-
-def missing_documents(queries: Sequence[EvalQuery], backend: SearchBackend) -> list[str]:
-    indexed = {d.doc_id for d in backend.list_documents()}
-    return sorted(d for d in all_doc_ids(queries) if d not in indexed)
-
-
-def index_missing(queries: Sequence[EvalQuery], backend: SearchBackend, detector: LanguageDetector,
-                  pdf_dir: Path, progress: bool = True, embedder=None):
-    """Index the PDFs of ``pdf_dir`` (searched recursively) whose stem is a doc id of
-    the queries that the backend does not hold yet (with page embeddings when an
-    ``embedder`` is given). Returns the IndexSummary, or None when nothing needed indexing."""
-    from evidentia.indexer.pipeline import find_pdfs, index_paths_with_progress
-
-    missing = set(missing_documents(queries, backend))
-    if not missing:
-        return None
-    files, _ = find_pdfs([pdf_dir])
-    chosen: dict[str, Path] = {}
-    for path in files:
-        if path.stem in missing:
-            chosen.setdefault(path.stem, path)
-    if not chosen:
-        return None
-    return index_paths_with_progress(list(chosen.values()), backend, detector, embedder=embedder, show=progress)
 
 
 # --------------------------------------------------------------------------- runs
@@ -149,7 +120,7 @@ class QueryRun:
 
 @dataclass
 class ConfigRun:
-    config: PipelineConfig
+    config: RunConfig
     probabilistic: bool  # the reranker outputs calibrated probabilities
     runs: list[QueryRun]
 
@@ -162,44 +133,36 @@ class ConfigRun:
         return (self.config.stage, self.config.reranker)
 
 
-def run_configs(queries: Sequence[EvalQuery], configs: Sequence[PipelineConfig], backend: SearchBackend,
-                detector: LanguageDetector, settings: Settings, pool_size: Optional[int] = None,
-                progress: bool = True,
-                reranker_factory: Callable = create_reranker, embedder=None) -> list[ConfigRun]:
-    """Every query through every configuration; one reranking pass per (stage, reranker).
-    The dense and hybrid stages share one ``embedder`` (created from the settings
-    when none is given)."""
-    from tqdm import tqdm
+def run_configs(queries: Sequence[EvalQuery], configs: Sequence[RunConfig], engine: Engine,
+                pool_size: Optional[int] = None, progress: bool = True) -> list[ConfigRun]:
+    """Every query through every configuration; one reranking pass per (stage, reranker)."""
+    from evidentia.progress import Progress
 
-    pool_size = pool_size or settings.pool_size
-    if embedder is None and any(c.stage != "bm25" for c in configs):
-        from evidentia.retriever.dense import PageEmbedder
-
-        embedder = PageEmbedder.from_settings(settings)
-    # Build every reranker and check every threshold before the first (long) pass.
-    rerankers: dict[tuple[str, str], object] = {}
+    pool_size = pool_size or engine.settings.pool_size
+    # Build every reranker (without threshold: every page keeps its probability)
+    # and check every threshold before the first (long) pass.
+    rerankers = {}
     for config in configs:
         key = (config.stage, config.reranker)
         if key not in rerankers:
-            rerankers[key] = reranker_factory(config.reranker, settings, threshold=None)
-        if config.threshold is not None and not getattr(rerankers[key], "outputs_probabilities", False):
+            rerankers[key] = engine.rerankers.get(config.reranker, None)
+        if config.threshold is not None and not rerankers[key].outputs_probabilities:
             raise ConfigError(f"{config.label!r}: reranker {config.reranker!r} does not output "
                               "probabilities, so it takes no threshold")
-    passes: dict[tuple[str, str], tuple[bool, list[PipelineResult]]] = {}
+    passes: dict[tuple[str, str], tuple[bool, list[SearchResult]]] = {}
     results: list[ConfigRun] = []
     for config in configs:
         key = (config.stage, config.reranker)
         if key not in passes:
             reranker = rerankers[key]
-            probabilistic = bool(getattr(reranker, "outputs_probabilities", False))
-            pipeline = Pipeline.from_settings(settings, backend, detector, reranker, stage=config.stage,
-                                              embedder=embedder, pool_size=pool_size)
-            desc = PipelineConfig(stage=config.stage, reranker=config.reranker).label
-            outputs = [
-                pipeline.run(q.question, q.answer, q.doc_ids)
-                for q in tqdm(queries, desc=desc, unit="query", file=sys.stderr, disable=None if progress else True)
-            ]
-            passes[key] = (probabilistic, outputs)
+            run_config = RunConfig(stage=config.stage, reranker=config.reranker, pool_size=pool_size)
+            outputs = []
+            with Progress(len(queries), run_config.label, "queries", show=progress,
+                          every_s=engine.settings.progress_interval_s) as bar:
+                for q in queries:
+                    outputs.append(engine.search(q.question, q.answer, q.doc_ids, run_config, reranker=reranker))
+                    bar.update()
+            passes[key] = (reranker.outputs_probabilities, outputs)
         probabilistic, outputs = passes[key]
         runs = []
         for q, out in zip(queries, outputs):
@@ -275,4 +238,4 @@ def summarize(config_runs: Sequence[ConfigRun], queries: Sequence[EvalQuery], ks
 def pass_label(config_run: ConfigRun) -> str:
     """The label of a reranking pass, without threshold (shared by its configurations)."""
     c = config_run.config
-    return PipelineConfig(stage=c.stage, reranker=c.reranker, threshold=None).label
+    return RunConfig(stage=c.stage, reranker=c.reranker).label

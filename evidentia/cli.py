@@ -9,115 +9,78 @@ from typing import List, Optional
 
 import typer
 
-from evidentia.config import ConfigError, Settings
+from evidentia.config import ConfigError
+from evidentia.console import EXIT_BACKEND, EXIT_BAD_INPUT, EXIT_FALLBACK, Context, fail, quiet_libraries
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+# rich_markup_mode=None: plain help, so flags read as `--json`, not `--json <bool>`
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Find the PDF pages that support a supplier's answer.")
 
-EXIT_BAD_INPUT = 1
-EXIT_USAGE = 2
-EXIT_BACKEND = 3
+
+@app.callback()
+def main_options(verbose: bool = typer.Option(False, "--verbose", "-v",
+                                              help="Also show third-party progress bars and warnings.")):
+    quiet_libraries(verbose)
 
 
-def fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(code)
+TENANT_HELP = ("Tenant whose documents these are, as the API sees them (default EVIDENTIA_DEFAULT_TENANT, "
+               "'default'; `evidentia keys create --tenant default` gives the API access to them).")
 
 
-class Context:
-    """Opened lazily so that `--help` needs no index."""
+def _library(ctx: Context):
+    from evidentia.library import Library
 
-    def __init__(self) -> None:
-        try:
-            self.settings = Settings.from_env()
-        except ConfigError as exc:
-            raise fail(str(exc))
-        self._backend = None
-        self._detector = None
-        self._embedder = None
-
-    @property
-    def backend(self):
-        if self._backend is None:
-            from evidentia.retriever.base import BackendError
-            from evidentia.retriever.factory import open_backend
-
-            try:
-                self._backend = open_backend(self.settings)
-            except ConfigError as exc:
-                raise fail(str(exc))
-            except BackendError as exc:
-                raise fail(str(exc), EXIT_BACKEND)
-        return self._backend
-
-    @property
-    def detector(self):
-        if self._detector is None:
-            from evidentia.indexer.language import LanguageDetector
-
-            self._detector = LanguageDetector(probe_chars=self.settings.language_probe_chars)
-        return self._detector
-
-    @property
-    def embedder(self):
-        """The page/query embedder (EVIDENTIA_DENSE_MODEL); its model loads on first use."""
-        if self._embedder is None:
-            from evidentia.retriever.dense import PageEmbedder
-
-            try:
-                self._embedder = PageEmbedder.from_settings(self.settings)
-            except ValueError as exc:
-                raise fail(f"EVIDENTIA_DENSE_*: {exc}")
-        return self._embedder
-
-    @property
-    def indexing_embedder(self):
-        """The embedder used while indexing, None with EVIDENTIA_DENSE=off."""
-        return self.embedder if self.settings.dense else None
+    ctx.backend  # noqa: B018 (opens it, or fails with the right exit code)
+    return Library(ctx.engine)
 
 
-def index_missing_documents(ctx: Context, queries, folder: Path) -> None:
-    """Index, from ``folder``, the documents of ``queries`` that the index lacks
-    (commands that take labelled queries and a PDF folder); each bad PDF and a
-    summary line go to stderr."""
-    from evidentia.evaluation.runner import index_missing
+def _tenant(library, tenant: Optional[str]) -> str:
+    from evidentia.library import LibraryError
 
-    summary = index_missing(queries, ctx.backend, ctx.detector, folder, embedder=ctx.indexing_embedder)
-    if summary is not None:
-        for failure in summary.failures:
-            typer.echo(f"error: {failure.reason}", err=True)
-        typer.echo(f"indexed from {folder}: {summary.line()}", err=True)
+    try:
+        return library.tenant(tenant)
+    except LibraryError as exc:
+        raise fail(f"--tenant: {exc}")
 
 
-def _index(ctx: Context, paths: list[Path]) -> int:
-    from evidentia.indexer.pipeline import find_pdfs, index_paths_with_progress
+def _index(ctx: Context, paths: list[Path], tenant: Optional[str] = None) -> int:
+    from evidentia.indexing import find_pdfs
     from evidentia.retriever.dense import EmbeddingError
 
+    library = _library(ctx)
+    tenant = _tenant(library, tenant)
     files, _ = find_pdfs(paths)
-    embedder = ctx.indexing_embedder
-    if embedder is not None and files:
+    if ctx.engine.indexing_embedder is not None and files:
+        typer.echo(f"loading the embedding model ({ctx.settings.dense_model})…", err=True)
         try:
-            embedder.dim  # load the model now: a bad EVIDENTIA_DENSE_MODEL fails before any work
+            ctx.engine.load_embedder()  # a bad EVIDENTIA_DENSE_MODEL fails before any work
         except EmbeddingError as exc:
             raise fail(f"{exc} (EVIDENTIA_DENSE=off indexes without embeddings)")
-    summary = index_paths_with_progress(paths, ctx.backend, ctx.detector, embedder=embedder)
+    summary = library.index(tenant, paths)
     for failure in summary.failures:
         typer.echo(f"error: {failure.reason}", err=True)
     cost = summary.embedding_line()
     if cost:
         typer.echo(cost, err=True)
+    if not files and not summary.failures:
+        shown = ", ".join(str(p) for p in paths)
+        typer.echo(f"no PDF found in {shown} (files ending in .pdf, folders searched recursively)", err=True)
     typer.echo(summary.line())
-    return EXIT_BAD_INPUT if summary.failures else 0
+    if summary.documents:
+        typer.echo(f"tenant {tenant}: `evidentia docs --tenant {tenant}` lists them; an API key of this tenant "
+                   "sees them too", err=True)
+    return EXIT_BAD_INPUT if summary.failures or not files else 0
 
 
 @app.command()
-def index(paths: List[Path] = typer.Argument(..., help="PDF files or folders (searched recursively).")):
+def index(paths: List[Path] = typer.Argument(..., help="PDF files or folders (searched recursively)."),
+          tenant: Optional[str] = typer.Option(None, "--tenant", help=TENANT_HELP)):
     """Index PDFs page by page. Re-indexing a file replaces the document of the same id (its stem)."""
     from evidentia.retriever.base import BackendError
 
     ctx = Context()
     try:
-        code = _index(ctx, paths)
+        code = _index(ctx, paths, tenant)
     except BackendError as exc:
         raise fail(str(exc), EXIT_BACKEND)
     raise typer.Exit(code)
@@ -128,115 +91,148 @@ def search(
     doc: List[str] = typer.Option(..., "--doc", help="Document id to search in (repeatable)."),
     question: str = typer.Option(..., "--question", "-q"),
     answer: str = typer.Option("", "--answer", "-a"),
+    tenant: Optional[str] = typer.Option(None, "--tenant", help=TENANT_HELP),
     top_k: Optional[int] = typer.Option(None, "--top-k", help="Candidate pool size (default EVIDENTIA_POOL_SIZE, 20)."),
-    reranker: str = typer.Option("none", "--reranker", help="none, llm or classifier."),
+    reranker: Optional[str] = typer.Option(None, "--reranker", help="none, llm or classifier "
+                                           "(default EVIDENTIA_DEFAULT_RERANKER, none)."),
     stage: Optional[str] = typer.Option(None, "--stage", help="First stage: bm25, dense or hybrid "
                                         "(default EVIDENTIA_STAGE, hybrid; bm25 with EVIDENTIA_DENSE=off)."),
     threshold: Optional[float] = typer.Option(None, "--threshold", help="Drop pages whose relevance probability is "
                                               "below T (classifier; default EVIDENTIA_CLASSIFIER_THRESHOLD, 0.15)."),
+    strict: bool = typer.Option(False, "--strict", help=f"Exit with code {EXIT_FALLBACK} when the reranker could not "
+                                "rank and the first-stage order was returned instead."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ):
     """Rank the pages of the given documents for a question and its answer."""
-    from evidentia.config import STAGES
-    from evidentia.pipeline import Pipeline
-    from evidentia.reranker.registry import create_reranker
-    from evidentia.retriever.base import BackendError, UnknownDocumentError
+    from evidentia.retriever.base import BackendError, MissingVectorsError, UnknownDocumentError
     from evidentia.retriever.dense import EmbeddingError
+    from evidentia.retriever.embed_cli import missing_vectors_note
 
     ctx = Context()
     if not question.strip():
         raise fail("--question is empty")
-    k = top_k if top_k is not None else ctx.settings.pool_size
-    if k <= 0:
-        raise fail("--top-k must be a positive integer")
-    if threshold is not None and not 0.0 <= threshold <= 1.0:
-        raise fail("--threshold must be between 0 and 1")
-    if reranker == "classifier" and threshold is None:
-        threshold = ctx.settings.classifier_threshold
-    if stage is not None and stage not in STAGES:
-        raise fail(f"--stage must be one of {', '.join(STAGES)}")
-    asked, stage = stage, stage or ctx.settings.stage  # the default stage may fall back to bm25, one asked for not
+    ctx.check_text(question, answer)
+    config = ctx.config(stage=stage, reranker=reranker, threshold=threshold, pool_size=top_k)
+    library = _library(ctx)
+    tenant = _tenant(library, tenant)
     try:
-        pipeline = Pipeline.from_settings(ctx.settings, ctx.backend, ctx.detector,
-                                          create_reranker(reranker, ctx.settings, threshold), stage=asked,
-                                          embedder=ctx.embedder if stage != "bm25" else None, pool_size=k)
-        result = pipeline.run(question, answer, doc)
+        result = ctx.engine.search(question, answer, library.resolve(tenant, doc), config)
     except (ConfigError, EmbeddingError) as exc:
         raise fail(str(exc))
     except UnknownDocumentError as exc:
-        raise fail(f"{exc}; `evidentia docs` lists the indexed ones", EXIT_BAD_INPUT)
+        raise fail(f"{UnknownDocumentError(_external(exc.doc_ids))}; `evidentia docs` lists the indexed ones",
+                   EXIT_BAD_INPUT)
+    except MissingVectorsError as exc:  # a stage asked for; the default one falls back to bm25
+        raise fail(str(MissingVectorsError(_external(exc.doc_ids))), EXIT_BACKEND)
     except BackendError as exc:
         raise fail(str(exc), EXIT_BACKEND)
-    for note in (result.stage_note, result.fallback_reason):
-        if note:
-            typer.echo(f"warning: {note}", err=True)
+    stage_note = missing_vectors_note(_external(result.without_vectors)) if result.without_vectors else None
+    if stage_note:
+        typer.echo(f"warning: {stage_note}", err=True)
+    note = result.note
+    if result.fallback_reason:
+        typer.echo(f"warning: the {result.reranker} reranker could not rank, so the {config.stage} order is "
+                   f"shown: {result.fallback_reason}", err=True)
     if as_json:
         typer.echo(json.dumps({"pages": [
-            {"doc_id": p.doc_id, "page": p.page, "score": round(p.score, 6),
+            {"doc_id": _external([p.doc_id])[0], "page": p.page, "score": round(p.score, 6),
              **({"probability": round(p.probability, 6)} if p.probability is not None else {}),
              "snippet": p.snippet}
             for p in result.pages
-        ], "reranker": result.reranker, "fallback_reason": result.fallback_reason, "stage": result.stage,
-            "stage_note": result.stage_note}, ensure_ascii=False))
-        return
-    if not result.pages:
-        typer.echo("no matching page")
-    for rank, p in enumerate(result.pages, 1):
-        prob = f" p={p.probability:.2f}" if p.probability is not None else ""
-        typer.echo(f"{rank:>3}. {p.doc_id}  p.{p.page:<4} score {p.score:7.3f}{prob}  {p.snippet[:160]}")
+        ], "tenant": tenant, "stage": result.stage, "stage_note": stage_note, "reranker": result.reranker, "threshold": config.threshold,
+            "fallback": result.fallback_reason is not None, "fallback_reason": result.fallback_reason,
+            "candidates": len(result.candidates), "note": note}, ensure_ascii=False))
+    else:
+        if note:
+            typer.echo(note)
+        for rank, p in enumerate(result.pages, 1):
+            prob = f" p={p.probability:.2f}" if p.probability is not None else ""
+            typer.echo(f"{rank:>3}. {_external([p.doc_id])[0]}  p.{p.page:<4} score {p.score:7.3f}{prob}  "
+                       f"{p.snippet[:160]}")
+    if strict and result.fallback_reason:
+        raise typer.Exit(EXIT_FALLBACK)
+
+
+def _external(doc_ids) -> list[str]:
+    from evidentia.tenants import split_internal_id
+
+    return [(split_internal_id(d) or ("", d))[1] for d in doc_ids]
 
 
 @app.command()
-def docs(as_json: bool = typer.Option(False, "--json")):
-    """List indexed documents with their page counts."""
+def docs(tenant: Optional[str] = typer.Option(None, "--tenant", help="Only this tenant's documents "
+                                              "(default: every tenant's)."),
+         as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")):
+    """List indexed documents with their tenant and page counts."""
     ctx = Context()
-    infos = ctx.backend.list_documents()
+    library = _library(ctx)
+    if tenant is not None:
+        _tenant(library, tenant)
+    found = library.documents(tenant)
     if as_json:
         typer.echo(json.dumps({"documents": [
-            {"doc_id": d.doc_id, "pages": d.pages, "empty_pages": d.empty_pages, "languages": d.languages}
-            for d in infos
+            {"tenant": d.tenant, "doc_id": d.document_id, "pages": d.pages, "empty_pages": d.empty_pages,
+             "languages": d.languages}
+            for d in found
         ]}))
         return
-    if not infos:
-        typer.echo("no document indexed")
-    for d in infos:
+    if not found:
+        typer.echo("no document indexed" + (f" for tenant {tenant}" if tenant else ""))
+        return
+    typer.echo("tenant\tdocument\tpages\tempty\tlanguages (pages with text)")
+    for d in found:
         langs = ", ".join(f"{k}:{v}" for k, v in d.languages.items()) or "-"
-        typer.echo(f"{d.doc_id}\t{d.pages} pages\t{d.empty_pages} empty\t{langs}")
+        typer.echo(f"{d.tenant or '-'}\t{d.document_id}\t{d.pages}\t{d.empty_pages}\t{langs}")
+    if any(d.empty_pages for d in found):
+        typer.echo("empty pages have no extractable text (scans, pictures): they have no language and are not "
+                   "searched", err=True)
+    if any(d.tenant is None for d in found):
+        typer.echo("tenant '-': indexed outside any tenant (by `eval`/`dataset`, or before tenants existed); "
+                   "the default tenant's searches still find them", err=True)
 
 
 @app.command()
-def delete(doc_id: str = typer.Argument(...)):
-    """Remove a document and all its pages."""
+def delete(doc_id: str = typer.Argument(..., help="Document id (as `evidentia docs` lists it)."),
+           tenant: Optional[str] = typer.Option(None, "--tenant", help=TENANT_HELP)):
+    """Remove a document, its pages, its file and the feedback on it."""
     ctx = Context()
-    if not ctx.backend.delete_document(doc_id):
+    library = _library(ctx)
+    if not library.delete(_tenant(library, tenant), doc_id):
         raise fail(f"unknown document id: {doc_id}", EXIT_BAD_INPUT)
     typer.echo(f"deleted {doc_id}")
 
 
 @app.command()
-def demo():
+def demo(keep: bool = typer.Option(False, "--keep", help="Index the sample into EVIDENTIA_DATA_DIR and keep it "
+                                   "there (default: a temporary folder, removed afterwards).")):
     """Generate a small multilingual sample report, index it and answer one question."""
-    from evidentia.retriever.query import build_query
     from evidentia.samples import SAMPLE_ANSWER, SAMPLE_QUESTION, write_sample_report
 
-    ctx = Context()
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(prefix="evidentia-demo-") as tmp:
+        # the demo leaves nothing behind unless told: its index lives in the temporary folder
+        ctx = Context() if keep else Context(data_dir=Path(tmp) / "data")
         pdf = write_sample_report(Path(tmp) / "acme-sustainability-2023.pdf")
         _index(ctx, [pdf])
-    query = build_query(SAMPLE_QUESTION, SAMPLE_ANSWER, ctx.detector)
-    typer.echo(f"\nQ: {SAMPLE_QUESTION}\nA: {SAMPLE_ANSWER}\n")
-    for rank, c in enumerate(ctx.backend.search(query.keywords, ["acme-sustainability-2023"], 3), 1):
-        typer.echo(f"{rank}. page {c.page} (score {c.score:.2f}, {c.language}): {c.snippet[:200]}")
+        library = _library(ctx)
+        result = ctx.engine.search(SAMPLE_QUESTION, SAMPLE_ANSWER, library.resolve(None, ["acme-sustainability-2023"]),
+                                   ctx.config(stage="bm25", reranker="none", pool_size=3))
+        typer.echo(f"\nQ: {SAMPLE_QUESTION}\nA: {SAMPLE_ANSWER}\n")
+        for rank, c in enumerate(result.candidates, 1):
+            typer.echo(f"{rank}. page {c.page} (score {c.score:.2f}, {c.language}): {c.snippet[:200]}")
+        library.close()
+        ctx.engine.close()
+        where = (f"kept in {ctx.settings.data_dir} (remove it with `evidentia delete acme-sustainability-2023`)"
+                 if keep else "indexed in a temporary folder, now removed; `evidentia demo --keep` keeps it")
+        typer.echo(f"\nThe sample report was {where}. Your own files: `evidentia index FOLDER`.", err=True)
 
 
 def main() -> None:
     app()
 
 
-# Evaluation lives in its own package; its command is registered here so that
-# `evidentia --help` lists everything in one place. evaluation/cli.py imports
-# only typer at module level (and evidentia.cli lazily), so this stays cheap
-# and free of import cycles.
+# Each package's commands live beside it and are registered here so that
+# `evidentia --help` lists everything in one place. They import what they share
+# from evidentia.console, never from this module, so there is no import cycle.
 from evidentia.evaluation.cli import eval_command  # noqa: E402
 
 app.command("eval")(eval_command)

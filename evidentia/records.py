@@ -81,6 +81,18 @@ class DocumentInfo:
 
 
 @dataclass(frozen=True)
+class Query:
+    """A question and its answer, built once (``retriever.query.build_query``) and
+    handed unchanged to the first stage and the reranker."""
+
+    question: str
+    answer: str
+    text: str  # question and answer joined, stripped: what encoders and rerankers read
+    keywords: tuple[str, ...]  # BM25 terms: stop words removed, figures normalised
+    language: str | None  # detected language of ``text`` (ISO 639-1), None when unsure
+
+
+@dataclass(frozen=True)
 class Candidate:
     """A page returned by first-stage retrieval, with the text a reranker needs."""
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-RUNTIMES = ("auto", "onnx", "torch")
 MAX_DEFAULT_THREADS = 4
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pymupdf
 
-from evidentia.indexer.language import LanguageDetector
+from evidentia.language import LanguageDetector
 from evidentia.records import Document, Page
 from evidentia.text import clean_text
 

@@ -1,12 +1,19 @@
-"""The reranker interface: question + answer + candidate pages -> kept pages, best first."""
+"""The reranker interface: a query + candidate pages -> kept pages, best first.
+
+Everything a caller needs to know about a reranker is on this interface (its
+name, whether it computes on this machine, its model version, a copy with
+another threshold), so no caller inspects an implementation."""
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Sequence
 
-from evidentia.records import Candidate, RankedPage
+from evidentia.config import ConfigError
+from evidentia.records import Candidate, Query, RankedPage
 
 
 @dataclass(frozen=True)
@@ -25,9 +32,38 @@ class Reranker(ABC):
     # True when RankedPage.probability is a calibrated relevance probability,
     # which evaluation uses for calibration metrics and threshold sweeps.
     outputs_probabilities: bool = False
+    # True when scoring runs on this machine's cores (a local model): the API
+    # bounds how many such calls run at once instead of thrashing the CPU.
+    computes_locally: bool = False
+    # Pages whose probability is below it are dropped (probability rerankers only).
+    threshold: float | None = None
+    # The model directory it loaded, when it loads one (hot reload compares it).
+    model_dir: Path | None = None
+
+    @classmethod
+    def from_settings(cls, settings, threshold: float | None = None) -> "Reranker":
+        """The reranker as the settings configure it (the registry calls this)."""
+        return cls().with_threshold(threshold)
+
+    @property
+    def model_version(self) -> str | None:
+        """A version string of the loaded model, stored with each validation."""
+        return None
+
+    def with_threshold(self, threshold: float | None) -> "Reranker":
+        """This reranker with another threshold, sharing whatever it has loaded."""
+        if threshold == self.threshold:
+            return self
+        if threshold is not None and not self.outputs_probabilities:
+            raise ConfigError(f"reranker {self.name!r} does not output probabilities, so it takes no threshold")
+        if threshold is not None and not 0.0 <= threshold <= 1.0:
+            raise ConfigError(f"threshold must be between 0 and 1, not {threshold}")
+        twin = copy.copy(self)
+        twin.threshold = threshold
+        return twin
 
     @abstractmethod
-    def rerank(self, question: str, answer: str, candidates: Sequence[Candidate]) -> RerankResult: ...
+    def rerank(self, query: Query, candidates: Sequence[Candidate]) -> RerankResult: ...
 
 
 def passthrough(candidates: Sequence[Candidate]) -> list[RankedPage]:
@@ -39,9 +75,9 @@ def passthrough(candidates: Sequence[Candidate]) -> list[RankedPage]:
 
 
 class NoReranker(Reranker):
-    """Keep the first-stage (BM25) ranking as it is."""
+    """Keep the first-stage ranking as it is."""
 
     name = "none"
 
-    def rerank(self, question: str, answer: str, candidates: Sequence[Candidate]) -> RerankResult:
+    def rerank(self, query: Query, candidates: Sequence[Candidate]) -> RerankResult:
         return RerankResult(pages=passthrough(candidates))

@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import Sequence
 
 from evidentia.config import Settings
-from evidentia.records import Candidate, RankedPage
+from evidentia.records import Candidate, Query, RankedPage
 from evidentia.reranker.base import Reranker, RerankResult
+from evidentia.reranker.model_registry import resolve_model_dir
 from evidentia.reranker.classifier_model import (
     SHIPPED_MODEL_DIR,
     InputFormat,
     load_trained,
-    resolve_model_dir,
     score_margins,
     set_torch_threads,
 )
@@ -23,6 +23,7 @@ from evidentia.reranker.classifier_model import (
 class ClassifierReranker(Reranker):
     name = "classifier"
     outputs_probabilities = True
+    computes_locally = True
 
     def __init__(self, model_dir: str | Path | None = None, threshold: float | None = None,
                  batch_size: int = 16, max_length: int | None = None, window_overlap: int | None = None,
@@ -54,6 +55,14 @@ class ClassifierReranker(Reranker):
             threads=settings.torch_threads,
         )
 
+    @property
+    def model_version(self) -> str:
+        """``<model dir>@<created>+<data sha256[:12]>``: which trained model scored."""
+        extra = self.metadata.extra or {}
+        created = extra.get("created") or "unknown"
+        data = str(extra.get("data_sha256") or "")[:12] or "unknown"
+        return f"{self.model_dir.name}@{created}+{data}"
+
     def margins(self, question: str, answer: str, texts: Sequence[str]) -> list[float]:
         """The model's logit margin (relevant minus not) of each page: its best window's."""
         return score_margins(self.model, self.tokenizer, [(question, answer, t) for t in texts],
@@ -66,14 +75,17 @@ class ClassifierReranker(Reranker):
         return [calibration.probability(m, rank)
                 for rank, m in enumerate(self.margins(question, answer, texts), start=1)]
 
-    def rerank(self, question: str, answer: str, candidates: Sequence[Candidate]) -> RerankResult:
+    def rerank(self, query: Query, candidates: Sequence[Candidate]) -> RerankResult:
         if not candidates:
             return RerankResult(pages=[])
-        probs = self.probabilities(question, answer, [c.text for c in candidates])
+        probs = self.probabilities(query.question, query.answer, [c.text for c in candidates])
         ranked = sorted(zip(candidates, probs), key=lambda cp: (-cp[1], -cp[0].score, cp[0].doc_id, cp[0].page))
         pages = [
             RankedPage(doc_id=c.doc_id, page=c.page, score=p, probability=p, snippet=c.snippet, text=c.text)
             for c, p in ranked
             if self.threshold is None or p >= self.threshold
         ]
-        return RerankResult(pages=pages, info={"model": str(self.model_dir), "scored": len(candidates)})
+        # the best probability tells the user how far the threshold is from keeping anything
+        return RerankResult(pages=pages, info={"model": str(self.model_dir), "scored": len(candidates),
+                                               "best_probability": max(probs),
+                                               "below_threshold": len(candidates) - len(pages)})

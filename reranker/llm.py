@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from evidentia.records import Candidate, RankedPage
+from evidentia.records import Candidate, Query, RankedPage
 from evidentia.reranker.base import Reranker, RerankResult, passthrough
 
 ANSWER_KEY = "re-ranked_page_numbers"
@@ -287,7 +287,7 @@ class LLMReranker(Reranker):
         self._sleep = sleep
 
     @classmethod
-    def from_settings(cls, settings) -> "LLMReranker":
+    def from_settings(cls, settings, threshold: float | None = None) -> "LLMReranker":
         return cls(
             model=settings.llm_model,
             api_key=settings.llm_api_key,
@@ -299,16 +299,15 @@ class LLMReranker(Reranker):
 
     # ------------------------------------------------------------ public
 
-    def rerank(self, question: str, answer: str, candidates: Sequence[Candidate]) -> RerankResult:
+    def rerank(self, query: Query, candidates: Sequence[Candidate]) -> RerankResult:
         candidates = list(candidates)
         info: dict = {"model": self.model, "pool": len(candidates), "requests": 0, "batches": 0,
                       "truncated": False}
         if not candidates:
             return RerankResult(pages=[], info=info)
-        query = question + " " + answer
         texts = [strip_page_words(c.text or "") for c in candidates]
         try:
-            batches = self._plan(query, texts)
+            batches = self._plan(query.text, texts)
             info["batches"] = len(batches)
             info["truncated"] = any(b.truncated for b in batches)
             info["max_prompt_tokens"] = max(estimate_messages_tokens(b.messages) for b in batches)
@@ -414,6 +413,9 @@ class LLMReranker(Reranker):
                 self._client = openai.OpenAI(api_key=self.api_key, base_url=self.base_url,
                                              timeout=self.timeout_s, max_retries=0)
             except Exception as exc:
+                if "api_key" in str(exc):  # the client's own message names an option and is cut in a UI
+                    raise LLMFailure("LLM not configured: no API key; set EVIDENTIA_LLM_API_KEY (or "
+                                     "OPENAI_API_KEY) on the server") from None
                 raise LLMFailure(f"LLM not configured: {_describe(exc)}") from None
         return self._client
 

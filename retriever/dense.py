@@ -15,6 +15,7 @@ entry points create one per process and hand it down (no module-level state).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,10 +23,10 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
-from evidentia.config import ConfigError
+from evidentia.config import RUNTIMES, ConfigError
 from evidentia.records import Page, PageVectors
 from evidentia.retriever.onnx_encoder import OnnxExportError
-from evidentia.runtime import RUNTIMES, cuda_available, default_threads, set_torch_threads
+from evidentia.runtime import cuda_available, default_threads, set_torch_threads
 
 logger = logging.getLogger(__name__)
 
@@ -448,3 +449,35 @@ def page_scores(query: np.ndarray, vectors: PageVectors, pooling: str = "max") -
         pooled = pooled / np.where(norms == 0, 1.0, norms)
         return uniq, pooled @ q
     raise ValueError(f"unknown pooling {pooling!r}: max, mean or first")
+
+
+class SharedEmbedder(PageEmbedder):
+    """The app's one ``PageEmbedder``, shared by the indexing worker and the
+    validation requests: the model is loaded once, and every use of a tokenizer
+    (and of a torch model) holds a lock, because a fast tokenizer used from two
+    threads at once fails ("Already borrowed"). ONNX Runtime sessions are
+    thread-safe, so on the ONNX path a query's encoding never waits for an
+    upload's batch; on the torch path it waits for at most one chunk."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._lock = threading.RLock()
+
+    def _load(self) -> None:
+        if not self.loaded:
+            with self._lock:
+                super()._load()
+
+    def _tokenize(self, texts):
+        with self._lock:
+            return super()._tokenize(texts)
+
+    def _token_ids(self, texts):
+        with self._lock:
+            return super()._token_ids(texts)
+
+    def _encode(self, texts: list[str], role: str = "document"):
+        if self._onnx is not None:
+            return super()._encode(texts, role)
+        with self._lock:
+            return super()._encode(texts, role)

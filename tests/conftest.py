@@ -9,7 +9,7 @@ from pathlib import Path
 import pymupdf
 import pytest
 
-from evidentia.indexer.language import LanguageDetector
+from evidentia.language import LanguageDetector
 from evidentia.samples import write_pdf
 
 # One page per language, a few realistic report sentences each (400+ characters,

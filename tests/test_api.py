@@ -18,88 +18,16 @@ import pytest
 from fastapi.testclient import TestClient
 
 from evidentia.api.app import create_app
-from evidentia.api.indexing import internal_id
-from evidentia.api.services import store_path
-from evidentia.api.store import Store
+from evidentia.tenants import internal_id
+from evidentia.store import store_path
+from evidentia.store import Store
 from evidentia.config import Settings
 from evidentia.reranker.base import Reranker, RerankResult, passthrough
 from evidentia.samples import SAMPLE_ANSWER, SAMPLE_QUESTION, SAMPLE_REPORT_PAGES, write_pdf, write_sample_report
 from evidentia.training.dataset import read_records
-
-ADMIN = "admin-secret-for-tests"
-_tenants = itertools.count(1)
-
-
-# -- helpers ------------------------------------------------------------------
-def wait_ready(client: TestClient, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if client.get("/ready").status_code == 200:
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"not ready: {client.get('/ready').json()}")
-
-
-def assert_error(response, status: int, code: str | None = None) -> dict:
-    """The one error shape: {"error": {"code", "message", "details"}}."""
-    assert response.status_code == status, response.text
-    body = response.json()
-    assert set(body) == {"error"}, body
-    assert set(body["error"]) == {"code", "message", "details"}, body
-    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
-    if code is not None:
-        assert body["error"]["code"] == code, body
-    return body["error"]
-
-
-def new_tenant(client: TestClient, tenant: str | None = None) -> dict[str, str]:
-    tenant = tenant or f"t{next(_tenants)}"
-    r = client.post("/v1/admin/keys", json={"tenant": tenant}, headers={"X-API-Key": ADMIN})
-    assert r.status_code == 201, r.text
-    return {"X-API-Key": r.json()["key"]}
-
-
-def upload(client: TestClient, headers, path: Path, document_id: str | None = None, filename: str | None = None):
-    data = {"document_id": document_id} if document_id else {}
-    return client.post("/v1/documents", headers=headers, data=data,
-                       files={"file": (filename or path.name, path.read_bytes(), "application/pdf")})
-
-
-def wait_indexed(client: TestClient, headers, document_id: str, timeout: float = 20.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        r = client.get(f"/v1/documents/{document_id}", headers=headers)
-        assert r.status_code == 200, r.text
-        if r.json()["status"] in ("ready", "failed"):
-            return r.json()
-        time.sleep(0.02)
-    raise AssertionError(f"{document_id} still {r.json()['status']}")
-
-
-def ready_document(client, headers, path: Path, document_id: str | None = None) -> str:
-    r = upload(client, headers, path, document_id)
-    assert r.status_code == 202, r.text
-    doc = wait_indexed(client, headers, r.json()["document_id"])
-    assert doc["status"] == "ready", doc
-    return doc["document_id"]
-
-
-def validate(client, headers, document_ids, **extra):
-    body = {"question": SAMPLE_QUESTION, "answer": SAMPLE_ANSWER, "document_ids": document_ids, **extra}
-    return client.post("/v1/validate", headers=headers, json=body)
-
-
-def png_size(data: bytes) -> tuple[int, int]:
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    return struct.unpack(">II", data[16:24])
-
-
-def make_app(tmp_path: Path, **overrides):
-    # dense off unless a test asks for it (as conftest does for EVIDENTIA_DENSE): no embedding model to load
-    settings = Settings(data_dir=tmp_path / "api-data", admin_key=ADMIN, rate_limit_per_minute=100_000,
-                        dense=False).with_(**overrides)
-    return create_app(settings)
-
+from tests.utils.api import (
+    ADMIN, assert_error, make_app, new_tenant, png_size, ready_document, services_of, upload, validate, wait_indexed, wait_ready,
+)
 
 # -- fixtures -----------------------------------------------------------------
 @pytest.fixture(scope="module")
@@ -131,10 +59,6 @@ def own_client(tmp_path):
     yield make
     for c in reversed(stack):
         c.__exit__(None, None, None)
-
-
-def services_of(client: TestClient):
-    return client.app.state.services
 
 
 # -- health, readiness, metrics -----------------------------------------------
@@ -354,7 +278,7 @@ def test_admin_keys(client):
     assert tenant_key["X-API-Key"] not in client.get("/v1/admin/keys", headers=admin).text
     # the store holds a salted hash, never the key
     secret = tenant_key["X-API-Key"].split("_", 2)[2]
-    db = store_path(services_of(client).settings)
+    db = store_path(services_of(client).settings.data_dir)
     stored = b"".join(p.read_bytes() for p in db.parent.glob(db.name + "*"))  # the db and its WAL
     assert secret.encode() not in stored and tenant_key["X-API-Key"].encode() not in stored
 
@@ -502,7 +426,7 @@ class SlowReranker(Reranker):
         self.seconds = seconds
         self.done = threading.Event()
 
-    def rerank(self, question, answer, candidates):
+    def rerank(self, query, candidates):
         time.sleep(self.seconds)
         self.done.set()
         return RerankResult(pages=passthrough(candidates))
@@ -528,7 +452,7 @@ def test_reranker_fallback_is_reported_and_counted(own_client, sample_pdf):
     class Failing(Reranker):
         name = "llm"
 
-        def rerank(self, question, answer, candidates):
+        def rerank(self, query, candidates):
             return RerankResult(pages=passthrough(candidates), fallback_reason="the LLM endpoint timed out")
 
     c = own_client()
@@ -572,7 +496,7 @@ def test_documents_left_queued_or_indexing_are_indexed_at_start(tmp_path, sample
 # -- classifier ---------------------------------------------------------------
 def test_classifier_rerankers_are_cached_and_report_their_model(own_client, tmp_path_factory, sample_pdf):
     pytest.importorskip("peft")
-    from tiny_models import trained_model
+    from tests.utils.tiny_models import trained_model
 
     _, model_dir, metadata = trained_model("encoder", tmp_path_factory)
     c = own_client(default_reranker="classifier", classifier_model=str(model_dir))

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from evidentia.api.indexing import internal_id
+from evidentia.tenants import internal_id
 from evidentia.samples import write_pdf
-from tests.test_api import assert_error, make_app, new_tenant, upload, wait_indexed, wait_ready
+from tests.utils.api import assert_error, make_app, new_tenant, upload, wait_indexed, wait_ready
 
 # A page that answers the question in other words (no keyword in common), among
 # pages that share neither its words nor its meaning: BM25 cannot find it.

@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 # --- fixtures and builders -----------------------------------------------------
-from backends import backend  # noqa: E402,F401  (fixture)
+from tests.utils.backends import backend  # noqa: E402,F401  (fixture)
 
 
 def page(doc_id: str, n: int, text: str, language: str | None = "en", raw_text: str | None = None) -> Page:

@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from evidentia.records import Candidate, RankedPage
+from evidentia.retriever.query import query_text
 from evidentia.reranker.classifier_model import (
     METADATA_FILE,
     Calibration,
@@ -21,17 +22,18 @@ from evidentia.reranker.classifier_model import (
     encode_windows,
     load_tokenizer,
     load_trained,
-    query_text,
     score_margins,
 )
 
-import tiny_models as tm
-from tiny_models import ANSWER, QUESTION, filler, irrelevant_page, relevant_page
+from tests.utils import tiny_models as tm
+from evidentia.retriever.query import build_query
+from tests.utils.tiny_models import ANSWER, QUESTION, filler, irrelevant_page, relevant_page
 
 KINDS = ["encoder", "llama"]
 
 # PEFT calls a transformers method that transformers 5 deprecates; not ours to fix.
-pytestmark = pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning"),
+              pytest.mark.slow]  # trains tiny models
 
 
 @pytest.fixture(scope="module", params=KINDS)
@@ -265,7 +267,7 @@ def test_training_fitted_a_calibration(trained):
 
 def test_rerank_returns_calibrated_probabilities_best_first(reranker):
     cands = candidates()
-    result = reranker.rerank(QUESTION, ANSWER, cands)
+    result = reranker.rerank(build_query(QUESTION, ANSWER), cands)
     pages = result.pages
     assert len(pages) == len(cands)  # threshold None keeps everything
     assert all(isinstance(p, RankedPage) for p in pages)
@@ -281,13 +283,13 @@ def test_rerank_returns_calibrated_probabilities_best_first(reranker):
 
 def test_threshold_drops_pages_below_it(reranker):
     cands = candidates()
-    probs = sorted(p.probability for p in reranker.rerank(QUESTION, ANSWER, cands).pages)
+    probs = sorted(p.probability for p in reranker.rerank(build_query(QUESTION, ANSWER), cands).pages)
     t = probs[len(probs) // 2]
-    kept = with_(reranker, threshold=t).rerank(QUESTION, ANSWER, cands).pages
+    kept = with_(reranker, threshold=t).rerank(build_query(QUESTION, ANSWER), cands).pages
     assert [p.probability for p in kept] == sorted([p for p in probs if p >= t], reverse=True)
     assert all(p.probability >= t for p in kept) and len(kept) < len(cands)
-    assert len(with_(reranker, threshold=0.0).rerank(QUESTION, ANSWER, cands).pages) == len(cands)
-    top = with_(reranker, threshold=1.0).rerank(QUESTION, ANSWER, cands).pages
+    assert len(with_(reranker, threshold=0.0).rerank(build_query(QUESTION, ANSWER), cands).pages) == len(cands)
+    top = with_(reranker, threshold=1.0).rerank(build_query(QUESTION, ANSWER), cands).pages
     assert all(p.probability == 1.0 for p in top)
 
 
@@ -307,8 +309,8 @@ def test_rank_aware_calibration_prefers_the_earlier_of_two_equal_pages(reranker)
 
 
 def test_no_candidates_no_pages(reranker):
-    assert reranker.rerank(QUESTION, ANSWER, []).pages == []
-    assert with_(reranker, threshold=0.0).rerank(QUESTION, ANSWER, []).pages == []
+    assert reranker.rerank(build_query(QUESTION, ANSWER), []).pages == []
+    assert with_(reranker, threshold=0.0).rerank(build_query(QUESTION, ANSWER), []).pages == []
 
 
 def test_page_score_is_the_best_window(reranker, tokenizer):
@@ -360,7 +362,8 @@ def test_decoder_pads_with_its_eos_token(reranker, kind):
 def test_registry_builds_the_classifier(trained, tmp_path):
     from evidentia.config import Settings
     from evidentia.reranker.classifier import ClassifierReranker
-    from evidentia.reranker.registry import create_reranker, parse_config
+    from evidentia.engine import parse_config
+    from evidentia.reranker.registry import create_reranker
 
     _, out, meta = trained
     config = parse_config("bm25+classifier@0.3")
@@ -456,7 +459,7 @@ def test_cli_calibrate_fits_on_pools_and_rewrites_the_metadata(search_env, tmp_p
     # the rewritten model still loads and reranks
     from evidentia.reranker.classifier import ClassifierReranker
 
-    assert len(ClassifierReranker(model).rerank(QUESTION, ANSWER, candidates()).pages) == len(candidates())
+    assert len(ClassifierReranker(model).rerank(build_query(QUESTION, ANSWER), candidates()).pages) == len(candidates())
 
 
 @pytest.mark.parametrize("args, message", [

@@ -20,7 +20,7 @@ FR_QUESTION = "Quelle proportion des fournisseurs a été auditée sur les droit
 def cli(cli_env, detector, monkeypatch):
     """Invoke the app in process. Each command builds its own LanguageDetector
     (0.3 s of profile loading); the session's one, same settings, is handed out instead."""
-    import evidentia.indexer.language as language
+    import evidentia.language as language
 
     real = language.LanguageDetector
 
@@ -139,7 +139,8 @@ def test_search_plain_text_output(cli, indexed):
     assert len(lines) == 2
     assert lines[0].startswith(f"  1. {indexed}  p.2 ")
     nothing = cli("search", "--doc", indexed, "-q", "zzzunknownword")
-    assert nothing.exit_code == 0 and nothing.stdout.strip() == "no matching page"
+    assert nothing.exit_code == 0 and nothing.stdout.strip().startswith("no matching page: no page of these "
+                                                                        "documents contains any of the words zzzunknownword")
 
 
 def test_search_unknown_document(cli, indexed):
@@ -172,15 +173,18 @@ def test_search_empty_question(cli, indexed):
 
 
 def test_docs_lists_documents_with_page_counts(cli, indexed, tmp_path):
-    assert cli("docs").stdout.strip() == (
-        f"{indexed}\t9 pages\t2 empty\ten:1, fr:1, de:1, es:1, it:1, pt:1, nl:1")
+    listed = cli("docs")
+    assert listed.stdout.splitlines() == ["tenant\tdocument\tpages\tempty\tlanguages (pages with text)",
+                                          f"default\t{indexed}\t9\t2\ten:1, fr:1, de:1, es:1, it:1, pt:1, nl:1"]
+    # why the language counts do not add up to the pages
+    assert "empty pages have no extractable text" in listed.stderr
     write_sample_report(tmp_path / "acme.pdf")
     assert cli("index", tmp_path / "acme.pdf").exit_code == 0
     result = cli("docs", "--json")
     assert result.exit_code == 0
     documents = json.loads(result.stdout)["documents"]
-    assert [(d["doc_id"], d["pages"], d["empty_pages"]) for d in documents] == [
-        ("acme", 6, 1), (indexed, 9, 2)]
+    assert [(d["tenant"], d["doc_id"], d["pages"], d["empty_pages"]) for d in documents] == [
+        ("default", "acme", 6, 1), ("default", indexed, 9, 2)]
     assert documents[0]["languages"] == {"en": 3, "fr": 1, "de": 1}
 
 
@@ -210,7 +214,7 @@ def test_reindex_via_cli_replaces(cli, tmp_path, language_pages):
     write_pdf(path, [language_pages["de"]])
     result = cli("index", path)
     assert result.stdout.strip() == summary_line(1, 1, 0, 0)
-    assert cli("docs").stdout.strip() == "report\t1 pages\t0 empty\tde:1"
+    assert cli("docs").stdout.splitlines()[1] == "default\treport\t1\t0\tde:1"
 
 
 def test_demo(cli):
@@ -221,8 +225,8 @@ def test_demo(cli):
     assert ranked[0].startswith("1. page 2 (")
     assert "Scope 1 and Scope 2" in ranked[0]
     assert summary_line(1, 6, 1, 0) in result.stdout
-    # the demo document stays in the index
-    assert cli("docs").stdout.startswith("acme-sustainability-2023\t6 pages\t1 empty")
+    # the demo leaves nothing in the index (test_demo_leaves_nothing_behind_unless_kept)
+    assert cli("docs").stdout.strip() == "no document indexed"
 
 
 # --- a real process: exit codes and stream separation ---------------------------------
@@ -252,3 +256,95 @@ def test_real_process_exit_codes_and_streams(cli_env, multilingual_pdf, bad_pdfs
     assert proc.stdout == ""
     assert error_lines(proc.stderr) == [
         "error: unknown document id(s): nope; `evidentia docs` lists the indexed ones"]
+
+
+# --- a newcomer's first hour: tenants, messages, limits, help ----------------------
+
+
+def test_cli_and_api_see_the_same_documents(cli, cli_env, multilingual_pdf, tmp_path):
+    """`evidentia index` files documents under a tenant exactly as an upload does: a key of
+    that tenant sees them over HTTP, and the CLI sees uploads with tenant and id apart."""
+    from fastapi.testclient import TestClient
+
+    from evidentia.api.app import create_app
+    from evidentia.config import Settings
+    from evidentia.store import Store, store_path
+    from tests.utils.api import upload, wait_indexed, wait_ready
+
+    assert cli("index", multilingual_pdf.path).exit_code == 0  # the default tenant
+    store = Store(store_path(cli_env))
+    default_key = store.create_key("default").key
+    acme_key = store.create_key("acme").key
+    store.close()
+    settings = Settings(data_dir=cli_env, dense=False, rate_limit_per_minute=100_000)
+    with TestClient(create_app(settings)) as client:
+        wait_ready(client)
+        seen = client.get(f"/v1/documents/{multilingual_pdf.doc_id}", headers={"X-API-Key": default_key}).json()
+        assert seen["status"] == "ready" and seen["pages"] == 9
+        body = {"question": "greenhouse gas emissions", "answer": "", "document_ids": [multilingual_pdf.doc_id]}
+        found = client.post("/v1/validate", headers={"X-API-Key": default_key}, json=body).json()
+        assert found["pages"][0]["page"] == 1
+        assert client.get(f"/v1/documents/{multilingual_pdf.doc_id}/pages/1.png",
+                          headers={"X-API-Key": default_key}).status_code == 200  # the CLI kept the file
+        # another tenant sees none of it
+        assert client.get(f"/v1/documents/{multilingual_pdf.doc_id}",
+                          headers={"X-API-Key": acme_key}).status_code == 404
+        report = write_sample_report(tmp_path / "bhp-ctap.pdf")
+        assert upload(client, {"X-API-Key": acme_key}, report).status_code == 202
+        wait_indexed(client, {"X-API-Key": acme_key}, "bhp-ctap")
+    listed = cli("docs")
+    assert "acme\tbhp-ctap\t6" in listed.stdout and "acme:" not in listed.stdout
+    assert cli("docs", "--tenant", "acme").stdout.splitlines()[1:] == ["acme\tbhp-ctap\t6\t1\ten:3, fr:1, de:1"]
+    hits = cli("search", "--tenant", "acme", "--doc", "bhp-ctap", "-q", "Scope 1 emissions", "--json")
+    assert hits.exit_code == 0 and json.loads(hits.stdout)["pages"][0]["doc_id"] == "bhp-ctap"
+    # the default tenant has no such document
+    assert cli("search", "--doc", "bhp-ctap", "-q", "Scope 1 emissions").exit_code == 1
+    assert cli("delete", "--tenant", "acme", "bhp-ctap").exit_code == 0
+    assert cli("docs", "--tenant", "acme").stdout.strip() == "no document indexed for tenant acme"
+    assert cli("docs", "--tenant", "a:b").exit_code == 2
+
+
+def test_demo_leaves_nothing_behind_unless_kept(cli, cli_env):
+    result = cli("demo")
+    assert result.exit_code == 0, result.output
+    assert "page 2" in result.stdout and "temporary folder, now removed" in result.stderr
+    assert not cli_env.exists()
+    kept = cli("demo", "--keep")
+    assert kept.exit_code == 0 and f"kept in {cli_env}" in kept.stderr
+    assert "acme-sustainability-2023" in cli("docs").stdout
+
+
+def test_messages_say_what_happened_and_what_to_do(cli, indexed, tmp_path):
+    stop_words = cli("search", "--doc", indexed, "-q", "What is the of and?")
+    assert stop_words.exit_code == 0 and "no searchable word" in stop_words.stdout
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    nothing = cli("index", empty)
+    assert nothing.exit_code == 1 and f"no PDF found in {empty}" in nothing.stderr
+    assert "--json  " in cli("docs", "--help").stdout and "<bool>" not in cli("search", "--help").stdout
+
+
+def test_cli_and_api_share_the_text_limits(cli, indexed):
+    too_long = cli("search", "--doc", indexed, "-q", "water", "-a", "x" * 5001)
+    assert too_long.exit_code == 2
+    assert too_long.stderr.strip() == ("error: --answer at most 5000 characters (got 5001; "
+                                       "EVIDENTIA_MAX_ANSWER_CHARS)")
+
+
+def test_search_reports_a_fallback_and_strict_exits_non_zero(cli, indexed, monkeypatch):
+    import socket
+
+    with socket.socket() as s:  # a port where nothing listens: the LLM cannot be reached
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("EVIDENTIA_LLM_BASE_URL", f"http://127.0.0.1:{port}/v1")
+    monkeypatch.setenv("EVIDENTIA_LLM_API_KEY", "dummy")
+    monkeypatch.setenv("EVIDENTIA_LLM_MAX_RETRIES", "0")
+    plain = cli("search", "--doc", indexed, "-q", "emissions", "--reranker", "llm", "--json")
+    assert plain.exit_code == 0
+    out = json.loads(plain.stdout)
+    assert out["fallback"] is True and "connection" in out["fallback_reason"] and out["pages"]
+    assert "could not rank, so the bm25 order is shown" in plain.stderr
+    strict = cli("search", "--doc", indexed, "-q", "emissions", "--reranker", "llm", "--strict")
+    assert strict.exit_code == 4 and strict.stdout  # the pages still come, the exit code tells scripts
+    assert cli("search", "--doc", indexed, "-q", "emissions", "--strict").exit_code == 0  # no reranker, no fallback

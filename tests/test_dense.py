@@ -19,8 +19,9 @@ from typer.testing import CliRunner
 from evidentia.config import ConfigError, Settings
 from evidentia.evaluation.queries import EvalQuery
 from evidentia.evaluation.runner import parse_compare, run_configs
-from evidentia.indexer.pipeline import embed_document, index_paths
-from evidentia.pipeline import Pipeline
+from evidentia.indexing import embed_document, index_paths
+from evidentia.engine import Engine, RunConfig, RunConfigError
+from evidentia.retriever.stages import BM25Retriever
 from evidentia.records import Document, Page, PageVectors
 from evidentia.retriever import elasticsearch_backend as esb
 from evidentia.retriever import tantivy_backend as tb
@@ -156,7 +157,7 @@ def test_bad_model_gives_a_clear_error(tmp_path):
 
 
 # --- backends: tantivy always, Elasticsearch when EVIDENTIA_ES_URL is set ---------------
-from backends import backend  # noqa: E402,F401  (fixture)
+from tests.utils.backends import backend  # noqa: E402,F401  (fixture)
 
 
 def test_dense_search_ranks_the_paraphrase_first_within_the_requested_documents(backend, embedder,
@@ -219,18 +220,20 @@ def test_document_of_empty_pages_has_no_dense_hit(backend, embedder):
 
 
 # --- the hybrid first stage --------------------------------------------------------------
+def search(engine: Engine, stage: str, pool_size: int = 4):
+    return engine.search(QUESTION, ANSWER, ["report"], RunConfig(stage=stage, pool_size=pool_size))
+
+
 def test_hybrid_pool_finds_the_page_bm25_misses(backend, embedder, embedded_report, detector):
     backend.index_document(embedded_report)
     query = build_query(QUESTION, ANSWER, detector)
     assert query.keywords and not set(query.keywords) & set(tokens(TARGET))  # no shared keyword
-    bm25 = Pipeline(backend, detector, pool_size=4)
-    dense = Pipeline(backend, detector, pool_size=4, stage="dense", embedder=embedder)
-    hybrid = Pipeline(backend, detector, pool_size=4, stage="hybrid", embedder=embedder)
-    bm25_pool = hits(bm25.run(QUESTION, ANSWER, ["report"]).candidates)
+    engine = Engine(Settings(), backend=backend, embedder=embedder)
+    bm25_pool = hits(search(engine, "bm25").candidates)
     assert bm25_pool and ("report", 1) not in bm25_pool
     assert set(bm25_pool) <= {("report", 2), ("report", 3)}  # the decoys
-    assert hits(dense.run(QUESTION, ANSWER, ["report"]).candidates)[0] == ("report", 1)
-    result = hybrid.run(QUESTION, ANSWER, ["report"])
+    assert hits(search(engine, "dense").candidates)[0] == ("report", 1)
+    result = search(engine, "hybrid")
     pool = hits(result.candidates)
     assert ("report", 1) in pool and len(pool) == 4  # the pool size is the configured one
     assert set(bm25_pool) <= set(pool)  # what BM25 found stays in
@@ -243,41 +246,36 @@ def test_hybrid_pool_finds_the_page_bm25_misses(backend, embedder, embedded_repo
 
 def test_hybrid_weights_and_depth(backend, embedder, embedded_report, detector):
     backend.index_document(embedded_report)
-    only_bm25 = Pipeline(backend, detector, pool_size=4, stage="hybrid", embedder=embedder,
-                         hybrid_weights=(1.0, 0.0))
-    bm25 = Pipeline(backend, detector, pool_size=4)
-    assert hits(only_bm25.run(QUESTION, ANSWER, ["report"]).candidates) == \
-        hits(bm25.run(QUESTION, ANSWER, ["report"]).candidates)
-    only_dense = Pipeline(backend, detector, pool_size=4, stage="hybrid", embedder=embedder,
-                          hybrid_weights=(0.0, 1.0), hybrid_depth=1)
-    dense = Pipeline(backend, detector, pool_size=4, stage="dense", embedder=embedder)
-    assert hits(only_dense.run(QUESTION, ANSWER, ["report"]).candidates) == \
-        hits(dense.run(QUESTION, ANSWER, ["report"]).candidates)
+    only_bm25 = Engine(Settings(hybrid_weights=(1.0, 0.0)), backend=backend, embedder=embedder)
+    assert hits(search(only_bm25, "hybrid").candidates) == hits(search(only_bm25, "bm25").candidates)
+    only_dense = Engine(Settings(hybrid_weights=(0.0, 1.0), hybrid_depth=1), backend=backend, embedder=embedder)
+    assert hits(search(only_dense, "hybrid").candidates) == hits(search(only_dense, "dense").candidates)
 
 
-def test_pipeline_settings_and_errors(tmp_path, embedder, detector):
+def test_engine_settings_and_errors(tmp_path, embedder, detector):
     backend = TantivyBackend(tmp_path / "index")
-    with pytest.raises(ConfigError, match="embedding model"):
-        Pipeline(backend, detector, stage="dense")
     with pytest.raises(ConfigError, match="first stage"):
-        Pipeline(backend, detector, stage="sparse")
+        Engine(Settings(), backend=backend).first_stage("sparse")
+    with pytest.raises(RunConfigError, match="must be one of bm25, dense, hybrid"):
+        Engine(Settings(), backend=backend).config(stage="sparse")
     settings = Settings.from_env({"EVIDENTIA_STAGE": "hybrid", "EVIDENTIA_HYBRID_WEIGHTS": "1,0.5",
                                   "EVIDENTIA_RRF_K": "30", "EVIDENTIA_HYBRID_DEPTH": "3"})
-    p = Pipeline.from_settings(settings, backend, detector, embedder=embedder)
-    assert (p.stage, p.hybrid_weights, p.rrf_k, p.hybrid_depth, p.embedder) == ("hybrid", (1.0, 0.5), 30, 3, embedder)
-    assert Pipeline.from_settings(settings, backend, detector, stage="bm25").embedder is None
-    built = Pipeline.from_settings(settings, backend, detector, stage="dense")
+    engine = Engine(settings, backend=backend, embedder=embedder)
+    assert engine.config().stage == "hybrid"
+    stage = engine.first_stage("hybrid")
+    assert (stage.weights, stage.rrf_k, stage.depth, stage.dense.embedder) == ((1.0, 0.5), 30, 3, embedder)
+    assert isinstance(engine.first_stage("bm25"), BM25Retriever)
+    built = Engine(settings, backend=backend).first_stage("dense")
     assert isinstance(built.embedder, PageEmbedder)
     backend.index_document(report("plain"))
-    # the default stage searches documents without vectors with bm25, and says how to add them
-    fell_back = p.run(QUESTION, ANSWER, ["plain"])
-    assert fell_back.stage == "bm25" and "evidentia embed --doc plain" in fell_back.stage_note
-    assert hits(fell_back.candidates) == hits(
-        Pipeline(backend, detector, stage="bm25").run(QUESTION, ANSWER, ["plain"]).candidates)[:len(fell_back.candidates)]
-    # a stage asked for explicitly raises, with the same advice
-    asked = Pipeline.from_settings(settings, backend, detector, stage="hybrid", embedder=embedder)
+    # the default stage searches documents without vectors with bm25 (and the result says so)
+    fell_back = engine.search(QUESTION, ANSWER, ["plain"], engine.config())
+    assert fell_back.stage == "bm25" and fell_back.without_vectors == ("plain",)
+    bm25 = engine.search(QUESTION, ANSWER, ["plain"], engine.config(stage="bm25"))
+    assert hits(fell_back.candidates) == hits(bm25.candidates) and bm25.without_vectors == ()
+    # a stage asked for explicitly raises, saying how to add the vectors
     with pytest.raises(MissingVectorsError, match="evidentia embed --doc plain"):
-        asked.run(QUESTION, ANSWER, ["plain"])
+        engine.search(QUESTION, ANSWER, ["plain"], engine.config(stage="hybrid"))
 
 
 def test_eval_runner_runs_each_stage(tmp_path, embedder, embedded_report, detector):
@@ -286,8 +284,8 @@ def test_eval_runner_runs_each_stage(tmp_path, embedder, embedded_report, detect
     queries = [EvalQuery(id="q1", doc_ids=("report",), question=QUESTION, answer=ANSWER,
                          relevant=frozenset({("report", 1)}))]
     configs = parse_compare("bm25,dense,hybrid")
-    runs = run_configs(queries, configs, backend, detector, Settings(), pool_size=3, progress=False,
-                       embedder=embedder)
+    runs = run_configs(queries, configs, Engine(Settings(), backend=backend, embedder=embedder), pool_size=3,
+                       progress=False)
     pools = {r.label: r.runs[0].pool for r in runs}
     assert ("report", 1) not in pools["bm25"]
     assert pools["dense"][0] == ("report", 1)

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from evidentia.cli import app
 from evidentia.config import Settings
 from evidentia.evaluation.queries import QueriesFileError
-from evidentia.indexer.pipeline import index_pdf
+from evidentia.indexing import index_pdf
 from evidentia.reranker.llm import LLMFailure, MalformedAnswer, estimate_messages_tokens
 from evidentia.samples import write_pdf
 from evidentia.training.dataset import DatasetError, TrainingRecord, file_sha256, read_records, write_records
@@ -34,9 +34,10 @@ from evidentia.training.distill import (
 )
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fake_openai import FakeOpenAI, char_token_estimate, error, server, sleeps  # noqa: E402,F401  (fixtures)
+from tests.utils.fake_openai import FakeOpenAI, char_token_estimate, error, server, sleeps  # noqa: E402,F401  (fixtures)
 
-import tiny_models as tm  # noqa: E402
+from tests.utils import tiny_models as tm  # noqa: E402
+from evidentia.engine import Engine
 
 # PEFT calls a transformers method that transformers 5 deprecates; not ours to fix.
 pytestmark = pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning")
@@ -249,7 +250,7 @@ def test_one_request_per_page_and_definitions(server, sleeps, indexed, detector,
     # matched with other whitespace and case; the suppliers question has none
     definitions = Definitions([("  what were the SCOPE 1 and 2\tgreenhouse gas emissions? ", DEFINITION),
                                ("Unrelated question?", "other")])
-    records, summary = distill(queries, indexed, detector, make_judge(server, sleeps), definitions=definitions,
+    records, summary = distill(queries, Engine(Settings(), backend=indexed), make_judge(server, sleeps), definitions=definitions,
                                pages_per_query=3)
     assert len(server.requests) == summary.judged == len({(r.doc_id, r.page, r.question) for r in records})
     by_question: dict[str, list[dict]] = {}
@@ -274,17 +275,17 @@ def test_hard_and_soft_labels_and_min_confidence(server, sleeps, indexed, detect
     queries = load_unlabelled_queries(queries_file(tmp_path, QUERY_ROWS[:1]))
     judge = make_judge(server, sleeps)
 
-    hard, summary = distill(queries, indexed, detector, judge, pages_per_query=10)
+    hard, summary = distill(queries, Engine(Settings(), backend=indexed), judge, pages_per_query=10)
     labels = {r.page: (r.relevance, r.soft_label) for r in hard}
     assert labels == {2: (1, None), 3: (1, None), 1: (0, None), 4: (0, None)}
     assert (summary.judged, summary.yes, summary.no, summary.failed, summary.records) == (4, 2, 2, 0, 4)
 
-    soft, _ = distill(queries, indexed, detector, judge, pages_per_query=10, labels="soft")
+    soft, _ = distill(queries, Engine(Settings(), backend=indexed), judge, pages_per_query=10, labels="soft")
     labels = {r.page: (r.relevance, r.soft_label) for r in soft}
     assert labels == {2: (1, pytest.approx(0.9)), 3: (1, pytest.approx(0.55)), 1: (1, pytest.approx(0.7)),
                       4: (0, pytest.approx(0.05))}  # "no" at 0.3 confidence: p = 0.7, relevance follows p
 
-    kept, summary = distill(queries, indexed, detector, judge, pages_per_query=10, min_confidence=0.6)
+    kept, summary = distill(queries, Engine(Settings(), backend=indexed), judge, pages_per_query=10, min_confidence=0.6)
     assert {r.page: r.relevance for r in kept} == {2: 1, 4: 0}
     assert (summary.below_confidence, summary.records, summary.judged) == (2, 2, 4)
     assert "2 below --min-confidence" in summary.line()
@@ -293,7 +294,7 @@ def test_hard_and_soft_labels_and_min_confidence(server, sleeps, indexed, detect
 def test_failed_pages_are_skipped_and_counted(server, sleeps, indexed, detector, tmp_path):
     server.handler = by_page({"Scope 1": error(400, "content filter"), "Water": "no idea"}, default=no(0.9))
     queries = load_unlabelled_queries(queries_file(tmp_path, QUERY_ROWS[:1]))
-    records, summary = distill(queries, indexed, detector, make_judge(server, sleeps), pages_per_query=10)
+    records, summary = distill(queries, Engine(Settings(), backend=indexed), make_judge(server, sleeps), pages_per_query=10)
     assert {r.page for r in records} == {1, 4}  # nothing invented for pages 2 (rejected) and 3 (malformed)
     assert (summary.judged, summary.yes, summary.no, summary.failed, summary.records) == (4, 0, 2, 2, 2)
     assert sum(summary.failures.values()) == 2
@@ -307,8 +308,8 @@ def test_concurrency_gives_the_same_records(server, sleeps, indexed, detector, t
     server.handler = by_page({"Scope 1": yes(0.9), "Water": yes(0.55)})
     queries = load_unlabelled_queries(queries_file(tmp_path, QUERY_ROWS))
     judge = make_judge(server, sleeps)
-    one, s1 = distill(queries, indexed, detector, judge, pages_per_query=4, labels="soft")
-    many, s4 = distill(queries, indexed, detector, judge, pages_per_query=4, labels="soft", concurrency=4)
+    one, s1 = distill(queries, Engine(Settings(), backend=indexed), judge, pages_per_query=4, labels="soft")
+    many, s4 = distill(queries, Engine(Settings(), backend=indexed), judge, pages_per_query=4, labels="soft", concurrency=4)
     assert one == many and s1 == s4
 
 

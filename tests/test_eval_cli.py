@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from evidentia.cli import app
-from evidentia.records import Candidate, RankedPage
+from evidentia.records import Candidate, Query, RankedPage
 from evidentia.reranker import registry
 from evidentia.reranker.base import Reranker, RerankResult
 from evidentia.samples import write_pdf
@@ -237,12 +237,19 @@ class ProbeReranker(Reranker):
     outputs_probabilities = True
     calls = 0
 
+    built: list = []
+
     def __init__(self, threshold):
         self.threshold = threshold
 
-    def rerank(self, question: str, answer: str, candidates: Sequence[Candidate]) -> RerankResult:
+    @classmethod
+    def from_settings(cls, settings, threshold=None):
+        cls.built.append(threshold)
+        return cls(threshold)
+
+    def rerank(self, query: Query, candidates: Sequence[Candidate]) -> RerankResult:
         type(self).calls += 1
-        words = set(keywords(question, "en"))
+        words = set(keywords(query.question, "en"))
         pages = []
         for c in candidates:
             found = set(keywords(c.text, "en"))
@@ -258,22 +265,17 @@ class ProbeReranker(Reranker):
 class PlainReranker(Reranker):
     name = "plain"
 
-    def rerank(self, question, answer, candidates):
+    def rerank(self, query, candidates):
         return RerankResult(pages=[RankedPage(c.doc_id, c.page, -c.page) for c in candidates])
 
 
 @pytest.fixture
 def probe(monkeypatch):
-    built: list = []
-
-    def factory(settings, threshold):
-        built.append(threshold)
-        return ProbeReranker(threshold)
-
     ProbeReranker.calls = 0
-    monkeypatch.setitem(registry._FACTORIES, "probe", factory)
-    monkeypatch.setitem(registry._FACTORIES, "plain", lambda settings, threshold: PlainReranker())
-    return built
+    ProbeReranker.built = []
+    monkeypatch.setitem(registry._CLASSES, "probe", ProbeReranker)
+    monkeypatch.setitem(registry._CLASSES, "plain", PlainReranker)
+    return ProbeReranker.built
 
 
 def test_probability_configs_share_one_pass(env, probe):
@@ -344,7 +346,7 @@ def test_threshold_needs_a_probability_reranker(env, probe):
     result = invoke("--queries", queries, "--pdf-dir", pdfs, "--compare", "bm25,plain@0.3")
     assert result.exit_code == 2
     assert "does not output probabilities" in result.stderr
-    assert invoke("--queries", queries, "--compare", "plain").exit_code == 0
+    assert invoke("--queries", queries, "--pdf-dir", pdfs, "--compare", "plain").exit_code == 0
 
 
 # --------------------------------------------------------------------------- startup cost

@@ -6,7 +6,9 @@ import pytest
 
 from evidentia.config import ConfigError, Settings
 from evidentia.records import Candidate
-from evidentia.reranker.registry import FIRST_STAGES, PipelineConfig, parse_config
+from evidentia.config import STAGES as FIRST_STAGES
+from evidentia.engine import RunConfig as PipelineConfig
+from evidentia.engine import parse_config
 from evidentia.retriever.fusion import DEFAULT_K, rrf
 
 

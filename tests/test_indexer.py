@@ -6,7 +6,7 @@ import pymupdf
 import pytest
 
 from evidentia.indexer.pdf import PdfError, extract_pages, open_pdf
-from evidentia.indexer.pipeline import find_pdfs, index_paths, index_pdf
+from evidentia.indexing import find_pdfs, index_paths, index_pdf
 from evidentia.retriever.base import UnknownDocumentError
 from evidentia.retriever.query import build_query
 from evidentia.text import clean_text

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from evidentia.indexer.language import CONFIDENT, LanguageDetector
+from evidentia.language import CONFIDENT, LanguageDetector
 
 SEVEN = ["en", "fr", "de", "es", "it", "pt", "nl"]
 

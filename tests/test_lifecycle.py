@@ -10,16 +10,20 @@ from pathlib import Path
 import pytest
 
 from evidentia.config import Settings
-from evidentia.indexer.language import LanguageDetector
-from evidentia.indexer.pipeline import index_paths
-from evidentia.reranker.classifier_model import SHIPPED_MODEL_DIR, production_model_dir, resolve_model_dir
+from evidentia.language import LanguageDetector
+from evidentia.indexing import index_paths
+from evidentia.reranker.classifier_model import SHIPPED_MODEL_DIR
+from evidentia.reranker.model_registry import production_model_dir, resolve_model_dir
 from evidentia.retriever.tantivy_backend import TantivyBackend
 from evidentia.samples import write_pdf
 from evidentia.training import retrain as rt
 from evidentia.training.dataset import TrainingRecord
-from evidentia.training.registry import ModelRegistry, RegistryError, registry_for
+from evidentia.reranker.model_registry import ModelRegistry, RegistryError, registry_for
 from evidentia.training.train import TrainParams
-from tests.tiny_models import ANSWER, QUESTION, irrelevant_page, relevant_page, trained_model
+from evidentia.engine import Engine
+from tests.utils.tiny_models import ANSWER, QUESTION, irrelevant_page, relevant_page, trained_model
+
+pytestmark = pytest.mark.slow  # trains and retrains tiny models
 
 
 @pytest.fixture()
@@ -101,7 +105,7 @@ def test_held_out_split_is_stable_and_never_leaks(tmp_path):
     assert held == {d for d in docs if rt.held_out_document(d, 0.3)}  # same every round
     assert 4 <= len(held) <= 20
     backend, detector, verdicts, base = _feedback_world(tmp_path, n_docs=8)
-    data = rt.build_training_set(verdicts, base, backend, detector, held_out_fraction=0.5)
+    data = rt.build_training_set(verdicts, base, Engine(Settings(), backend=backend), held_out_fraction=0.5)
     assert data.held_out_docs and data.held_out_queries
     assert not {r.doc_id for r in data.train_records} & data.held_out_docs
     assert all(not set(q.doc_ids) & data.held_out_docs for q in data.train_queries)
@@ -154,7 +158,7 @@ def test_retrain_round_registers_and_gates(tmp_path, tiny):
     reg = ModelRegistry(tmp_path / "models")
     reg.promote(reg.register(copy_model(trained, tmp_path / "prod")).version)
     params = TrainParams(max_steps=6, learning_rate=1e-2, warmup_ratio=0.0, eval_fraction=0.3)
-    result = rt.retrain(verdicts, base, backend, detector, reg, str(base_dir), _load, params=params,
+    result = rt.retrain(verdicts, base, Engine(Settings(), backend=backend), reg, str(base_dir), _load, params=params,
                         held_out_fraction=0.5, log=lambda m: None)
     assert result.version == "v0002" and result.held_out_queries >= 1
     entry = reg.get("v0002")
@@ -184,7 +188,7 @@ def test_failed_retraining_changes_nothing(tmp_path, tiny, monkeypatch):
 
     monkeypatch.setattr(rt, "train", broken_train)
     with pytest.raises(KeyboardInterrupt):
-        rt.retrain(verdicts, base, backend, detector, reg, str(base_dir), _load, log=lambda m: None)
+        rt.retrain(verdicts, base, Engine(Settings(), backend=backend), reg, str(base_dir), _load, log=lambda m: None)
     assert (reg.root / "registry.json").read_text() == before
     assert sorted(p.name for p in reg.root.iterdir() if not p.name.startswith(".")) == ["registry.json", "v0001"]
     assert reg.production().version == "v0001"
@@ -192,7 +196,7 @@ def test_failed_retraining_changes_nothing(tmp_path, tiny, monkeypatch):
 
 # -- hot reload ---------------------------------------------------------------
 def test_reranker_cache_follows_promotions(tmp_path, tiny):
-    from evidentia.api.services import RerankerCache, model_version
+    from evidentia.reranker.cache import RerankerCache
 
     _, trained, _ = tiny
     settings = Settings(data_dir=tmp_path)
@@ -202,11 +206,11 @@ def test_reranker_cache_follows_promotions(tmp_path, tiny):
     reg.promote(v1)
     cache = RerankerCache(settings)
     first = cache.get("classifier", 0.2)
-    assert first.model_dir.name == v1 and model_version(first).startswith(v1)
+    assert first.model_dir.name == v1 and first.model_version.startswith(v1)
     assert cache.get("classifier", 0.2) is first  # cached while nothing changes
     reg.promote(v2)
     second = cache.get("classifier", 0.2)
-    assert second.model_dir.name == v2 and model_version(second).startswith(v2)
+    assert second.model_dir.name == v2 and second.model_version.startswith(v2)
     assert cache.get("classifier", 0.4).model_dir.name == v2  # other thresholds follow too
     reg.rollback()
     assert cache.get("classifier", 0.2).model_dir.name == v1

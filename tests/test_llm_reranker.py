@@ -15,6 +15,7 @@ import pytest
 from evidentia.config import Settings
 from evidentia.records import Candidate, RankedPage
 from evidentia.reranker.base import passthrough
+from evidentia.retriever.query import build_query
 from evidentia.reranker.llm import (
     ANSWER_KEY,
     LLMReranker,
@@ -25,7 +26,7 @@ from evidentia.reranker.llm import (
 )
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fake_openai import FakeOpenAI, char_token_estimate, error, server, sleeps  # noqa: E402,F401  (fixtures)
+from tests.utils.fake_openai import FakeOpenAI, char_token_estimate, error, server, sleeps  # noqa: E402,F401  (fixtures)
 
 QUESTION = "Does the supplier report its Scope 1 and 2 emissions?"
 ANSWER = "Yes, 12,450 tCO2e in 2023."
@@ -71,7 +72,7 @@ def bm25_keys(pool) -> list[tuple[str, int]]:
 
 def test_request_shape(server, sleeps):
     server.push_answer(answer(1))
-    make(server, sleeps).rerank(QUESTION, ANSWER, POOL)
+    make(server, sleeps).rerank(build_query(QUESTION, ANSWER), POOL)
     assert len(server.requests) == 1
     req = server.requests[0]
     assert req["model"] == "test-model"
@@ -101,7 +102,7 @@ def test_request_shape(server, sleeps):
 
 def test_page_words_removed_from_contents(server, sleeps):
     server.push_answer(answer(1))
-    make(server, sleeps).rerank("Which page has the pages?", ANSWER, POOL)
+    make(server, sleeps).rerank(build_query("Which page has the pages?", ANSWER), POOL)
     payload = user_payload(server.requests[0])
     pages = payload["pages"]
     assert pages["Page 1"] == "Greenhouse gas emissions: Scope 1 8,000 t, Scope 2 4,450 t (see 14)."
@@ -123,7 +124,7 @@ def test_strip_page_words_whole_words_only():
 
 def test_answer_numbers_map_back_to_real_pages_across_documents(server, sleeps):
     server.push_answer(answer(3, 2, 4))
-    result = make(server, sleeps).rerank(QUESTION, ANSWER, POOL)
+    result = make(server, sleeps).rerank(build_query(QUESTION, ANSWER), POOL)
     assert result.fallback_reason is None
     assert keys(result) == [("report-a", 40), ("report-b", 3), ("report-b", 17)]
     assert all(isinstance(p, RankedPage) for p in result.pages)
@@ -140,7 +141,7 @@ def test_answer_numbers_map_back_to_real_pages_across_documents(server, sleeps):
 
 
 def test_empty_pool_makes_no_request(server, sleeps):
-    result = make(server, sleeps).rerank(QUESTION, ANSWER, [])
+    result = make(server, sleeps).rerank(build_query(QUESTION, ANSWER), [])
     assert result.pages == [] and result.fallback_reason is None
     assert server.requests == []
 
@@ -174,7 +175,7 @@ TOLERATED = [
 @pytest.mark.parametrize("content,expected", [t[1:] for t in TOLERATED], ids=[t[0] for t in TOLERATED])
 def test_tolerated_answers(server, sleeps, content, expected):
     server.push_answer(content)
-    result = make(server, sleeps).rerank(QUESTION, ANSWER, POOL)
+    result = make(server, sleeps).rerank(build_query(QUESTION, ANSWER), POOL)
     assert result.fallback_reason is None
     assert keys(result) == expected
     assert len(server.requests) == 1
@@ -194,7 +195,7 @@ MALFORMED = [
 @pytest.mark.parametrize("content", [t[1] for t in MALFORMED], ids=[t[0] for t in MALFORMED])
 def test_malformed_answer_is_retried_once(server, sleeps, content):
     server.push_answer(content).push_answer(answer(2))
-    result = make(server, sleeps).rerank(QUESTION, ANSWER, POOL)
+    result = make(server, sleeps).rerank(build_query(QUESTION, ANSWER), POOL)
     assert result.fallback_reason is None
     assert keys(result) == [("report-b", 3)]
     assert len(server.requests) == 2
@@ -204,7 +205,7 @@ def test_malformed_answer_is_retried_once(server, sleeps, content):
 @pytest.mark.parametrize("content", [t[1] for t in MALFORMED], ids=[t[0] for t in MALFORMED])
 def test_malformed_twice_falls_back(server, sleeps, content):
     server.push_answer(content).push_answer(content).push_answer(answer(1))
-    result = make(server, sleeps).rerank(QUESTION, ANSWER, POOL)
+    result = make(server, sleeps).rerank(build_query(QUESTION, ANSWER), POOL)
     assert len(server.requests) == 2
     assert result.pages == passthrough(POOL)
     assert result.fallback_reason.startswith("LLM answer unusable after 2 attempts")
@@ -230,7 +231,7 @@ def test_parse_answer_unit():
 def test_retries_on_429_and_500_then_success(server, sleeps):
     server.push(*error(429, "rate limited")).push(*error(500, "boom")).push(*error(502, "bad gw"))
     server.push_answer(answer(2, 1))
-    result = make(server, sleeps, backoff_base_s=0.5).rerank(QUESTION, ANSWER, POOL)
+    result = make(server, sleeps, backoff_base_s=0.5).rerank(build_query(QUESTION, ANSWER), POOL)
     assert result.fallback_reason is None
     assert keys(result) == [("report-b", 3), ("report-a", 12)]
     assert len(server.requests) == 4
@@ -240,7 +241,7 @@ def test_retries_on_429_and_500_then_success(server, sleeps):
 
 def test_no_retry_on_400(server, sleeps):
     server.push(*error(400, "bad request: unknown parameter")).push_answer(answer(1))
-    result = make(server, sleeps).rerank(QUESTION, ANSWER, POOL)
+    result = make(server, sleeps).rerank(build_query(QUESTION, ANSWER), POOL)
     assert len(server.requests) == 1
     assert sleeps == []
     assert result.pages == passthrough(POOL)
@@ -251,7 +252,7 @@ def test_no_retry_on_400(server, sleeps):
 @pytest.mark.parametrize("status", [401, 404, 422])
 def test_no_retry_on_other_4xx(server, sleeps, status):
     server.push(*error(status, "nope"))
-    result = make(server, sleeps).rerank(QUESTION, ANSWER, POOL)
+    result = make(server, sleeps).rerank(build_query(QUESTION, ANSWER), POOL)
     assert len(server.requests) == 1 and sleeps == []
     assert str(status) in result.fallback_reason
 
@@ -259,7 +260,7 @@ def test_no_retry_on_other_4xx(server, sleeps, status):
 def test_final_failure_returns_bm25_order(server, sleeps):
     for _ in range(10):
         server.push(*error(503, "overloaded"))
-    result = make(server, sleeps, max_retries=2).rerank(QUESTION, ANSWER, POOL)
+    result = make(server, sleeps, max_retries=2).rerank(build_query(QUESTION, ANSWER), POOL)
     assert len(server.requests) == 3
     assert sleeps == [1.0, 2.0]
     assert result.pages == passthrough(POOL)
@@ -275,7 +276,7 @@ def test_timeouts_are_retried(sleeps):
         server.push_answer(answer(1)).push_answer(answer(1))
         r = LLMReranker(base_url=server.base_url, api_key="test", timeout_s=0.15, max_retries=1,
                         sleep=sleeps.append)
-        result = r.rerank(QUESTION, ANSWER, POOL)
+        result = r.rerank(build_query(QUESTION, ANSWER), POOL)
     assert len(server.requests) == 2 and sleeps == [1.0]
     assert result.pages == passthrough(POOL)
     assert "timed out" in result.fallback_reason
@@ -287,7 +288,7 @@ def test_connection_errors_are_retried(sleeps):
         port = s.getsockname()[1]
     r = LLMReranker(base_url=f"http://127.0.0.1:{port}/v1", api_key="test", timeout_s=2.0, max_retries=2,
                     sleep=sleeps.append)
-    result = r.rerank(QUESTION, ANSWER, POOL)
+    result = r.rerank(build_query(QUESTION, ANSWER), POOL)
     assert sleeps == [1.0, 2.0] and result.info["requests"] == 3
     assert result.pages == passthrough(POOL)
     assert result.fallback_reason == "LLM unavailable after 3 attempts: connection error; BM25 order returned"
@@ -295,7 +296,7 @@ def test_connection_errors_are_retried(sleeps):
 
 def test_missing_api_key_falls_back(monkeypatch):
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    result = LLMReranker(base_url="http://127.0.0.1:9/v1").rerank(QUESTION, ANSWER, POOL)
+    result = LLMReranker(base_url="http://127.0.0.1:9/v1").rerank(build_query(QUESTION, ANSWER), POOL)
     assert result.pages == passthrough(POOL)
     assert result.fallback_reason.startswith("LLM not configured")
 
@@ -321,7 +322,7 @@ def relevant_reversed(request: dict) -> str:
 def test_pool_that_fits_is_sent_whole(server, sleeps):
     server.handler = relevant_reversed
     pool = long_pool(5, {1, 3}, chars=400)
-    result = make(server, sleeps, token_budget=12000).rerank(QUESTION, ANSWER, pool)
+    result = make(server, sleeps, token_budget=12000).rerank(build_query(QUESTION, ANSWER), pool)
     assert len(server.requests) == 1
     assert user_payload(server.requests[0])["pages"]["Page 2"] == pool[1].text
     assert result.info["truncated"] is False and result.info["batches"] == 1
@@ -333,7 +334,7 @@ def test_token_budget_truncates_pages_into_one_request(server, sleeps):
     pool = long_pool(5, {1, 3})
     full = LLMReranker.build_messages(QUESTION + " " + ANSWER, [c.text for c in pool])
     assert estimate_messages_tokens(full) > budget  # the pool does not fit as it is
-    result = make(server, sleeps, token_budget=budget).rerank(QUESTION, ANSWER, pool)
+    result = make(server, sleeps, token_budget=budget).rerank(build_query(QUESTION, ANSWER), pool)
     assert len(server.requests) == 1
     assert estimate_messages_tokens(server.requests[0]["messages"]) <= budget
     sent = user_payload(server.requests[0])["pages"]
@@ -347,7 +348,7 @@ def test_token_budget_splits_pool_and_merges_round_robin(server, sleeps):
     server.handler = relevant_reversed
     budget = 2500
     pool = long_pool(20, {0, 3, 7, 12, 18})
-    result = make(server, sleeps, token_budget=budget).rerank(QUESTION, ANSWER, pool)
+    result = make(server, sleeps, token_budget=budget).rerank(build_query(QUESTION, ANSWER), pool)
     assert result.fallback_reason is None
     assert len(server.requests) == result.info["batches"] == result.info["requests"] > 1
     for req in server.requests:
@@ -368,7 +369,7 @@ def test_token_budget_splits_pool_and_merges_round_robin(server, sleeps):
 def test_failure_in_one_batch_falls_back_for_the_whole_pool(server, sleeps):
     pool = long_pool(20, {0})
     server.push_answer(answer(1)).push(*error(400, "context too long"))
-    result = make(server, sleeps, token_budget=2500).rerank(QUESTION, ANSWER, pool)
+    result = make(server, sleeps, token_budget=2500).rerank(build_query(QUESTION, ANSWER), pool)
     assert result.pages == passthrough(pool)
     assert "400" in result.fallback_reason
 
@@ -388,7 +389,7 @@ def injected_pool() -> list[Candidate]:
 
 def test_injected_text_is_sent_as_json_data_only(server, sleeps):
     server.push_answer(answer(1, 3))
-    result = make(server, sleeps).rerank(QUESTION, ANSWER, injected_pool())
+    result = make(server, sleeps).rerank(build_query(QUESTION, ANSWER), injected_pool())
     messages = server.requests[0]["messages"]
     system, user = messages[0]["content"], messages[-1]["content"]
     # (a) inside the JSON user message, json-escaped within the pages object
@@ -419,7 +420,7 @@ OBEYING_ANSWERS = [
 def test_model_obeying_injection_does_not_change_output(server, sleeps, content, expected):
     pool = injected_pool()
     server.handler = lambda request: content  # the model "obeys" every time
-    result = make(server, sleeps).rerank(QUESTION, ANSWER, pool)
+    result = make(server, sleeps).rerank(build_query(QUESTION, ANSWER), pool)
     pool_keys = set(bm25_keys(pool))
     assert all(isinstance(p, RankedPage) for p in result.pages)
     assert all((p.doc_id, p.page) in pool_keys for p in result.pages)

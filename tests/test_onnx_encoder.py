@@ -86,7 +86,7 @@ def test_onnx_search_does_not_import_torch(minilm, tmp_path):
 # --- export and cache, on a tiny BERT -------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory) -> Path:
-    from tiny_models import write_tiny_encoder
+    from tests.utils.tiny_models import write_tiny_encoder
 
     return write_tiny_encoder(tmp_path_factory.mktemp("tiny-bert"))
 
@@ -120,7 +120,7 @@ def test_encoder_and_classifier_exports_match_torch(tiny_dir, tmp_path):
 def test_export_is_cached_and_renewed_when_the_weights_change(tiny_dir, tmp_path):
     import shutil
 
-    model = Path(shutil.copytree(tiny_dir, tmp_path / "model"))
+    model = Path(shutil.copytree(tiny_dir, tmp_path / "model", ignore=shutil.ignore_patterns("onnx")))
     first = ensure_onnx_model(model)
     assert first.parent == model / "onnx" and first.is_file()
     stamp = first.stat().st_mtime_ns
@@ -136,7 +136,7 @@ def test_export_is_cached_and_renewed_when_the_weights_change(tiny_dir, tmp_path
 def test_read_only_model_dir_exports_into_the_cache_dir(tiny_dir, tmp_path):
     import shutil
 
-    model = Path(shutil.copytree(tiny_dir, tmp_path / "ro-model"))
+    model = Path(shutil.copytree(tiny_dir, tmp_path / "ro-model", ignore=shutil.ignore_patterns("onnx")))
     model.chmod(0o555)
     try:
         with pytest.raises(OnnxExportError, match="read-only"):

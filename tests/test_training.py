@@ -26,7 +26,9 @@ from evidentia.training.dataset import (
 )
 from evidentia.training.train import TrainingError, TrainParams, train
 
-import tiny_models as tm
+from tests.utils import tiny_models as tm
+from evidentia.engine import Engine
+from evidentia.config import Settings
 
 # PEFT calls a transformers method that transformers 5 deprecates; not ours to fix.
 pytestmark = pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning")
@@ -120,7 +122,7 @@ def test_climretrieve_bad_line_is_named(tmp_path):
 
 def test_records_from_queries(backend, detector, make_pdf):
     from evidentia.evaluation.queries import EvalQuery
-    from evidentia.indexer.pipeline import index_pdf
+    from evidentia.indexing import index_pdf
 
     report = make_pdf("report.pdf", [
         "Our carbon emissions were reduced by 12 % in 2023 compared with the previous year.",
@@ -136,7 +138,7 @@ def test_records_from_queries(backend, detector, make_pdf):
     query = EvalQuery(id="q1", doc_ids=("report",), question="What were the carbon emissions?",
                       answer="Emissions were reduced.", relevant=frozenset({("report", 1), ("report", 5),
                                                                               ("report", 6)}))
-    records = list(records_from_queries([query], backend, detector, negatives_per_query=10))
+    records = list(records_from_queries([query], Engine(Settings(), backend=backend), negatives_per_query=10))
     positives = [r for r in records if r.relevance == 1]
     negatives = [r for r in records if r.relevance == 0]
     # the relevant pages with text (page 5 is empty), with the indexed text
@@ -146,11 +148,11 @@ def test_records_from_queries(backend, detector, make_pdf):
     assert {(r.doc_id, r.page) for r in negatives} == {("report", 2), ("report", 3)}
     assert all(r.question == query.question and r.answer == query.answer and r.source == "queries"
                for r in records)
-    few = list(records_from_queries([query], backend, detector, negatives_per_query=1))
+    few = list(records_from_queries([query], Engine(Settings(), backend=backend), negatives_per_query=1))
     few_negatives = [r for r in few if r.relevance == 0]
     assert len(few_negatives) == 1 and few_negatives[0] == negatives[0]
     assert [r for r in few if r.relevance == 1] == positives
-    none = list(records_from_queries([query], backend, detector, negatives_per_query=0))
+    none = list(records_from_queries([query], Engine(Settings(), backend=backend), negatives_per_query=0))
     assert all(r.relevance == 1 for r in none)
 
 
@@ -227,6 +229,7 @@ def linear_names(model) -> set[str]:
     return {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
 
 
+@pytest.mark.slow
 def test_train_writes_metadata(trained):
     base, out, meta = trained
     assert sorted(p.name for p in out.iterdir()) == ["adapter_config.json", "adapter_model.safetensors",
@@ -249,6 +252,7 @@ def test_train_writes_metadata(trained):
     assert ModelMetadata.read(out) == meta
 
 
+@pytest.mark.slow
 def test_train_writes_a_lora_adapter_and_a_fully_trained_head(trained):
     import torch
     from transformers import AutoModelForSequenceClassification
@@ -271,6 +275,7 @@ def test_train_writes_a_lora_adapter_and_a_fully_trained_head(trained):
     assert any(k.endswith("lora_A.weight") for k in tensors) and any(k.endswith("lora_B.weight") for k in tensors)
 
 
+@pytest.mark.slow
 def test_training_changes_only_lora_and_head(tmp_path, tmp_path_factory, monkeypatch):
     """The model in memory after training: base weights as loaded, LoRA and head trained."""
     import torch
@@ -314,6 +319,7 @@ def _raise(*_args, **_kwargs):
     raise Boom("disk full")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["metadata", "adapter", "interrupt"])
 def test_interrupted_training_leaves_the_old_model_alone(tmp_path, tmp_path_factory, monkeypatch, target):
     import peft
@@ -339,6 +345,7 @@ def test_interrupted_training_leaves_the_old_model_alone(tmp_path, tmp_path_fact
     assert [p.name for p in out.parent.iterdir()] == ["current"]  # no temporary directory left behind
 
 
+@pytest.mark.slow
 def test_training_replaces_an_existing_model(tmp_path, tmp_path_factory):
     base = tm.base_model("encoder", tmp_path_factory)
     out = tmp_path / "current"
@@ -355,6 +362,7 @@ def test_training_replaces_an_existing_model(tmp_path, tmp_path_factory):
     assert [p.name for p in tmp_path.iterdir()] == ["current"]
 
 
+@pytest.mark.slow
 def test_training_errors(tmp_path, tmp_path_factory):
     base = str(tm.base_model("encoder", tmp_path_factory))
     only_positive = [r for r in tm.training_records() if r.relevance == 1]
@@ -372,6 +380,7 @@ def test_training_errors(tmp_path, tmp_path_factory):
 # --- CLI ----------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_cli_train_prints_metrics(tmp_path, tmp_path_factory):
     base = tm.base_model("encoder", tmp_path_factory)
     data = tmp_path / "records.jsonl"
@@ -388,6 +397,7 @@ def test_cli_train_prints_metrics(tmp_path, tmp_path_factory):
     assert error_lines(result.stderr) == []
 
 
+@pytest.mark.slow
 def test_cli_train_bad_data_names_the_line(tmp_path, tmp_path_factory):
     base = tm.base_model("encoder", tmp_path_factory)
     data = tmp_path / "records.jsonl"
@@ -453,3 +463,22 @@ def test_fit_calibration_on_margins_that_barely_differ():
     assert [shifted.probability(m * 100 - 3) for m in margins] == pytest.approx(probs, abs=1e-3)
     assert fit_calibration([0.5, 0.5], [1, 0]).probability(0.5) == pytest.approx(0.5)  # no spread: no info
     assert (fit_calibration([1.0, 2.0], [1, 1]).a, fit_calibration([1.0, 2.0], [1, 1]).b) == (1.0, 0.0)
+
+
+def test_cli_dataset_indexes_missing_documents_with_page_vectors(tmp_path, make_pdf, monkeypatch):
+    """`dataset --pdf-dir` indexes through the engine like `evidentia index` does, so
+    the dense and hybrid stages can search those documents afterwards (they used to
+    be indexed without page vectors, and a hybrid search on them failed)."""
+    monkeypatch.setenv("EVIDENTIA_DENSE", "on")
+    pdfs = make_pdf("water-2023.pdf", ["Total water withdrawal was 4.2 million cubic metres in 2023.",
+                                 "The cafeteria menu changes every week."]).parent
+    queries = tmp_path / "queries.jsonl"
+    queries.write_text(json.dumps({"id": "q1", "doc_id": "water-2023", "question": "How much water was withdrawn?",
+                                   "answer": "4.2 million m3", "relevant_pages": [1]}) + "\n")
+    out = tmp_path / "records.jsonl"
+    made = CliRunner().invoke(app, ["dataset", "--out", str(out), "--queries", str(queries), "--pdf-dir", str(pdfs)])
+    assert made.exit_code == 0, made.output
+    hybrid = CliRunner().invoke(app, ["search", "--doc", "water-2023", "-q", "water withdrawal", "--stage", "hybrid",
+                                      "--json"])
+    assert hybrid.exit_code == 0, hybrid.output
+    assert json.loads(hybrid.stdout)["pages"][0]["page"] == 1

@@ -3,7 +3,7 @@
 
 The browser tests skip cleanly where Chromium, its driver or selenium is
 missing (.ci/run installs them). With EVIDENTIA_UI_SCREENSHOTS=docs the session
-test saves ui-results.png and ui-page-view.png there (the README's screenshots).
+test saves ui-results.png, ui-page-view.png, ui-fallback.png and ui-indexing.png there (the README's screenshots).
 
 The highlight tests at the end need no browser.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -24,7 +25,9 @@ import pytest
 
 from evidentia.api.highlight import MAX_MARKS, highlight_terms, mark_page
 from evidentia.samples import SAMPLE_ANSWER, SAMPLE_QUESTION, write_sample_report
-from test_api_server import Server, evidentia_exe
+from tests.utils.server import Server, evidentia_exe
+
+pytestmark = pytest.mark.slow  # a headless browser and a real server
 
 CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
 CHROMEDRIVER_CANDIDATES = ("/usr/bin/chromedriver", "/usr/lib/chromium/chromedriver")
@@ -294,10 +297,50 @@ def test_llm_unavailable_shows_the_bm25_fallback(browser, server, tmp_path):
     Select(by_css(driver, "#reranker")).select_by_value("llm")
     by_css(driver, "#validate-button").click()
     notice = wait(driver, visible("#fallback"), "no fallback notice")
-    assert "LLM was unavailable" in notice.text and "BM25 order" in notice.text
+    # plain words, the order actually shown, and no technical detail cut mid-word
+    assert "LLM reranker could not rank" in notice.text and "BM25 order" in notice.text
+    assert "…" not in notice.text and "could not be reached" in notice.text
     wait(driver, visible("#result-list li.result"), "no result in BM25 order")
+    assert "ranked by bm25" in by_css(driver, "#results-summary").text
+    assert "BM25 score" in by_css(driver, "#result-list li.result").text  # not an "LLM rank score"
+    shots = os.environ.get("EVIDENTIA_UI_SCREENSHOTS")
+    if shots:
+        driver.save_screenshot(str(Path(shots) / "ui-fallback.png"))
     assert not by_css(driver, "#banner").is_displayed()
     assert_no_script_errors(driver)
+
+
+def test_the_page_counts_pages_while_a_document_is_indexed(browser, tmp_path):
+    """With page embeddings on, a long upload shows "indexing N / M pages" while it runs."""
+    from evidentia.samples import write_pdf
+
+    home = tmp_path / "dense-server"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("EVIDENTIA_", "OPENAI_"))}
+    env.update(EVIDENTIA_DATA_DIR=str(home / "data"), EVIDENTIA_DENSE="on", EVIDENTIA_DENSE_BATCH_SIZE="8")
+    key = subprocess.run([evidentia_exe(), "keys", "create", "--tenant", "acme"], env=env, check=True,
+                         capture_output=True, text=True).stdout.strip()
+    home.mkdir(exist_ok=True)
+    srv = Server(env, home / "server.log")
+    try:
+        srv.wait_ready()
+        pages = [f"Page {i}: " + " ".join(["Scope 1 emissions, water withdrawal and waste recycling."] * 40)
+                 for i in range(400)]
+        pdf = write_pdf(tmp_path / "long-report.pdf", pages)
+        with httpx.Client(base_url=srv.url, headers={"X-API-Key": key}, timeout=30) as c:
+            assert c.post("/v1/documents", files={"file": (pdf.name, pdf.read_bytes(), "application/pdf")}
+                          ).status_code == 202
+        driver = browser
+        sign_in(driver, srv.url, key)
+        info = '#doc-list li[data-document-id="long-report"] .doc-info'
+        counted = re.compile(r"indexing [1-9][0-9]* / 400 pages")
+        wait(driver, lambda d: any(counted.search(e.text) for e in d.find_elements("css selector", info)),
+             "no page count while indexing", timeout=120)
+        shots = os.environ.get("EVIDENTIA_UI_SCREENSHOTS")
+        if shots:
+            driver.save_screenshot(str(Path(shots) / "ui-indexing.png"))
+        assert_no_script_errors(driver)
+    finally:
+        srv.stop()
 
 
 def test_failed_upload_and_document_not_ready_are_explained(browser, server, tmp_path):
@@ -359,6 +402,16 @@ def test_highlight_terms_are_normalised_and_bounded():
                                                                              "2023"]
     assert len(highlight_terms(" ".join(f"w{i}" for i in range(100)))) == 32
     assert highlight_terms(None) == [] and highlight_terms("") == []
+
+
+def test_a_figure_with_a_currency_prefix_marks_the_figure_only(tmp_path):
+    assert highlight_terms("US$100 EUR 12,450") == ["100", "eur", "12450"]
+    pdf = tmp_path / "money.pdf"
+    doc = pymupdf.open()
+    doc.new_page().insert_text((72, 72), "Fine of US$100 paid; bonds of US$250 and US$900 issued.")
+    doc.save(pdf)
+    with pymupdf.open(pdf) as doc:
+        assert mark_page(doc.load_page(0), highlight_terms("US$100")) == 1  # "US$100", not the other amounts
 
 
 def test_mark_page_marks_matching_words_only(tmp_path):

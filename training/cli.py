@@ -10,6 +10,10 @@ from typing import List, Optional
 import typer
 
 
+def _missing_message(flag: str):
+    return lambda missing: f"documents not indexed: {', '.join(missing[:10])}; pass {flag}"
+
+
 def dataset_command(
     out: Path = typer.Option(..., "--out", help="JSONL file of training records to write."),
     queries: Optional[Path] = typer.Option(None, "--queries", help="Labelled queries (the eval format)."),
@@ -27,9 +31,9 @@ def dataset_command(
 ):
     """Build classifier training records: relevant pages and BM25 hard negatives from labelled
     queries, and ClimRetrieve passages. Held-out queries never contribute a record."""
-    from evidentia.cli import EXIT_BAD_INPUT, Context, fail
+    from evidentia.console import EXIT_BAD_INPUT, Context, fail
     from evidentia.evaluation.queries import QueriesFileError, load_queries
-    from evidentia.evaluation.runner import index_missing, missing_documents
+    from evidentia.evaluation.runner import all_doc_ids
     from evidentia.training.dataset import (DatasetError, dedupe, records_from_climretrieve,
                                             records_from_queries, split_groups, write_records)
 
@@ -58,12 +62,8 @@ def dataset_command(
             typer.echo(f"held out {len(qs) - len(train_qs)} of {len(qs)} queries ({len(held)} {split_by} group(s))",
                        err=True)
             qs = train_qs
-        if pdf_dir is not None:
-            index_missing(qs, ctx.backend, ctx.detector, pdf_dir)
-        missing = missing_documents(qs, ctx.backend)
-        if missing:
-            raise fail(f"documents not indexed: {', '.join(missing[:10])}; pass --pdf-dir", EXIT_BAD_INPUT)
-        records.extend(records_from_queries(qs, ctx.backend, ctx.detector, negatives_per_query=negatives,
+        ctx.require_documents(all_doc_ids(qs), [pdf_dir] if pdf_dir else [], _missing_message("--pdf-dir"))
+        records.extend(records_from_queries(qs, ctx.engine, negatives_per_query=negatives,
                                             pool_size=ctx.settings.pool_size))
     if climretrieve is not None:
         try:
@@ -98,7 +98,7 @@ def train_command(
                                           "else torch's choice)."),
 ):
     """Fine-tune the classifier reranker: LoRA on all linear layers (4-bit QLoRA on a GPU), head fully trained."""
-    from evidentia.cli import EXIT_BAD_INPUT, fail
+    from evidentia.console import EXIT_BAD_INPUT, fail
     from evidentia.config import Settings
     from evidentia.reranker.classifier_model import ModelLoadError
     from evidentia.training.dataset import DatasetError, file_sha256, read_records
@@ -146,13 +146,11 @@ def distill_command(
 ):
     """Distil training records from an LLM (EVIDENTIA_LLM_*): one yes/no + confidence judgement per page
     of each query's BM25 pool. Pages whose judgement fails are skipped and counted, never labelled."""
-    import sys
+    from evidentia.progress import Progress
 
-    from tqdm import tqdm
-
-    from evidentia.cli import EXIT_BACKEND, EXIT_BAD_INPUT, Context, fail, index_missing_documents
+    from evidentia.console import EXIT_BACKEND, EXIT_BAD_INPUT, Context, fail
     from evidentia.evaluation.queries import QueriesFileError
-    from evidentia.evaluation.runner import missing_documents
+    from evidentia.evaluation.runner import all_doc_ids
     from evidentia.reranker.llm import LLMFailure
     from evidentia.retriever.base import BackendError, UnknownDocumentError
     from evidentia.training.dataset import write_records
@@ -184,19 +182,14 @@ def distill_command(
     bars: list = []  # the progress bar starts once the pool is known (after any indexing)
 
     def start(pages: int) -> None:
-        bars.append(tqdm(total=pages, unit="page", desc="judging", file=sys.stderr, disable=None))
+        bars.append(Progress(pages, "judging", "pages", every_s=ctx.settings.progress_interval_s))
 
     try:
-        backend = ctx.backend
-        for path in docs or []:
-            index_missing_documents(ctx, qs, path)
-        missing = missing_documents(qs, backend)
-        if missing:
-            raise fail(f"documents not indexed: {', '.join(missing[:10])}; pass --docs", EXIT_BAD_INPUT)
+        ctx.require_documents(all_doc_ids(qs), docs or [], _missing_message("--docs"))
         if defs is not None:
             matched = sum(1 for q in qs if defs.lookup(q.question) is not None)
             typer.echo(f"definitions: {matched} of {len(qs)} queries have one", err=True)
-        records, result = distill(qs, backend, ctx.detector, judge, definitions=defs,
+        records, result = distill(qs, ctx.engine, judge, definitions=defs,
                                   pages_per_query=pages_per_query, labels=labels, min_confidence=min_confidence,
                                   concurrency=concurrency, on_start=start, on_page=lambda: bars[0].update(1))
     except UnknownDocumentError as exc:
@@ -227,15 +220,12 @@ def calibrate_command(
 ):
     """Fit the classifier's calibration on labelled first-stage pools: its probability becomes
     P(relevant | model margin, place in the pool), so it ranks, thresholds and is calibrated on what it reranks."""
-    import sys
+    from evidentia.progress import Progress
 
-    from tqdm import tqdm
-
-    from evidentia.cli import EXIT_BACKEND, EXIT_BAD_INPUT, Context, fail, index_missing_documents
     from evidentia.config import STAGES, ConfigError
+    from evidentia.console import EXIT_BACKEND, EXIT_BAD_INPUT, Context, fail
     from evidentia.evaluation.queries import QueriesFileError, load_queries
-    from evidentia.evaluation.runner import missing_documents
-    from evidentia.pipeline import Pipeline
+    from evidentia.evaluation.runner import all_doc_ids
     from evidentia.reranker.classifier import ClassifierReranker
     from evidentia.reranker.classifier_model import ModelLoadError
     from evidentia.retriever.base import BackendError
@@ -258,23 +248,19 @@ def calibrate_command(
     except ModelLoadError as exc:
         raise fail(str(exc), EXIT_BAD_INPUT)
     try:
-        if pdf_dir is not None:
-            index_missing_documents(ctx, qs, pdf_dir)
-        missing = missing_documents(qs, ctx.backend)
-        if missing:
-            raise fail(f"documents not indexed: {', '.join(missing[:10])}; pass --pdf-dir", EXIT_BAD_INPUT)
+        ctx.require_documents(all_doc_ids(qs), [pdf_dir] if pdf_dir else [], _missing_message("--pdf-dir"))
         pools = []
         for name in stages:
-            pipeline = Pipeline.from_settings(ctx.settings, ctx.backend, ctx.detector, stage=name,
-                                              embedder=ctx.embedder if name != "bm25" else None,
-                                              pool_size=pool_size)
-            pools.extend((q, pipeline.retrieve(q.question, q.answer, q.doc_ids)) for q in qs)
+            config = ctx.config(stage=name, reranker="none", pool_size=pool_size,
+                                flags={"pool_size": "--pool-size"})
+            pools.extend((q, ctx.engine.retrieve(ctx.engine.query(q.question, q.answer), q.doc_ids, name,
+                                                 config.pool_size)) for q in qs)
     except ConfigError as exc:
         raise fail(str(exc))
     except BackendError as exc:
         raise fail(str(exc), EXIT_BACKEND)
-    with tqdm(total=sum(len(c) for _, c in pools), unit="page", desc="scoring pools", file=sys.stderr,
-              disable=None) as bar:
+    with Progress(sum(len(c) for _, c in pools), "scoring pools", "pages",
+                  every_s=ctx.settings.progress_interval_s) as bar:
         pages = score_pools(reranker, pools, on_page=bar.update)
     try:
         result = calibrate(model, pages, stages, queries_source=queries.name)  # no path of this machine

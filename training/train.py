@@ -27,6 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Sequence
 
+from evidentia.retriever.query import query_text
 from evidentia.reranker.classifier_model import (
     Calibration,
     InputFormat,
@@ -36,7 +37,6 @@ from evidentia.reranker.classifier_model import (
     load_base_classifier,
     load_tokenizer,
     model_device,
-    query_text,
     quantization_config,
     score_margins,
     set_torch_threads,
@@ -141,7 +141,7 @@ def fit_calibration(margins: Sequence[float], labels: Sequence[int]) -> Calibrat
 def train(records: Sequence[TrainingRecord], base_model: str, out_dir: Path, params: TrainParams = TrainParams(),
           data_sha256: str = "", log: Callable[[str], None] = print, progress: bool = True) -> ModelMetadata:
     import torch
-    from tqdm import tqdm
+    from evidentia.progress import Progress
 
     if not records:
         raise TrainingError("no training records")
@@ -194,7 +194,7 @@ def train(records: Sequence[TrainingRecord], base_model: str, out_dir: Path, par
     order: list[int] = []
     step, micro, running = 0, 0, None
     started = time.perf_counter()
-    bar = tqdm(total=total_steps, desc="training", unit="step", disable=not progress)
+    bar = Progress(total_steps, "training", "steps", show=progress)
     while step < total_steps:
         if not order:
             order = list(range(len(examples)))
@@ -214,7 +214,7 @@ def train(records: Sequence[TrainingRecord], base_model: str, out_dir: Path, par
             optimizer.zero_grad()
             step += 1
             bar.update(1)
-            bar.set_postfix(loss=f"{running:.4f}")
+            bar.note(f"loss {running:.4f}")
     bar.close()
     train_seconds = time.perf_counter() - started
     model.eval()

@@ -15,10 +15,10 @@ from fastapi.concurrency import run_in_threadpool
 from evidentia.api.deps import Caller, get_services, require_backend, require_tenant, run_blocking
 from evidentia.api.errors import ApiError, errors
 from evidentia.api.highlight import MAX_HIGHLIGHT_CHARS, MAX_TERMS, highlight_terms, mark_page
-from evidentia.api.indexing import internal_id
-from evidentia.api.schemas import DocumentAccepted, DocumentList, DocumentOut, PageOut
+from evidentia.tenants import internal_id
+from evidentia.api.schemas import DocumentAccepted, DocumentList, DocumentOut, IndexingProgress, PageOut
 from evidentia.api.services import Services
-from evidentia.api.store import DOCUMENT_ID_RE, DocumentRow
+from evidentia.store import DOCUMENT_ID_RE, DocumentRow
 from evidentia.retriever.base import BackendError
 
 log = logging.getLogger("evidentia.api")
@@ -32,8 +32,10 @@ PNG_MAX_HEIGHT = 6000  # a strip-shaped page must not become a huge image
 DocumentId = PathParam(..., description="Your document id.", examples=["acme-2023"])
 
 
-def to_out(row: DocumentRow) -> DocumentOut:
+def to_out(row: DocumentRow, services: Services | None = None) -> DocumentOut:
+    progress = services.worker.progress(row.tenant, row.document_id) if services and row.status == "indexing" else None
     return DocumentOut(document_id=row.document_id, status=row.status, reason=row.reason, filename=row.filename,
+                       progress=IndexingProgress(pages_done=progress[0], pages_total=progress[1]) if progress else None,
                        size_bytes=row.size_bytes, pages=row.pages, empty_pages=row.empty_pages,
                        languages=row.languages, created=row.created, updated=row.updated)
 
@@ -173,14 +175,14 @@ async def upload_document(
 @router.get("", response_model=DocumentList, summary="List your documents", responses=errors(401, 429))
 def list_documents(caller: Caller = Depends(require_tenant),
                    services: Services = Depends(get_services)) -> DocumentList:
-    return DocumentList(documents=[to_out(r) for r in services.store.list_documents(caller.tenant)])
+    return DocumentList(documents=[to_out(r, services) for r in services.store.list_documents(caller.tenant)])
 
 
 @router.get("/{document_id}", response_model=DocumentOut, summary="A document's status and page statistics",
             responses=errors(401, 404, 429))
 def get_document(document_id: str = DocumentId, caller: Caller = Depends(require_tenant),
                  services: Services = Depends(get_services)) -> DocumentOut:
-    return to_out(find_document(services, caller, document_id))
+    return to_out(find_document(services, caller, document_id), services)
 
 
 @router.delete("/{document_id}", status_code=204, response_class=Response,

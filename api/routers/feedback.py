@@ -8,7 +8,7 @@ from fastapi.responses import StreamingResponse
 
 from evidentia.api.deps import Caller, get_services, require_backend, require_tenant, run_blocking
 from evidentia.api.errors import ApiError, errors
-from evidentia.api.indexing import internal_id
+from evidentia.tenants import internal_id
 from evidentia.api.schemas import FeedbackOut, FeedbackRequest
 from evidentia.api.services import Services
 from evidentia.retriever.base import BackendError

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 
 from fastapi import APIRouter, Depends
@@ -10,55 +9,51 @@ from fastapi.concurrency import run_in_threadpool
 
 from evidentia.api.deps import Caller, deadline, get_services, require_backend, require_tenant, run_blocking
 from evidentia.api.errors import ApiError, errors
-from evidentia.api.indexing import internal_id, split_internal_id
+from evidentia.tenants import internal_id, split_internal_id
 from evidentia.api.routers.documents import not_ready_message
 from evidentia.api.schemas import ErrorResponse, ValidatedPage, ValidateRequest, ValidateResponse
-from evidentia.api.services import Services, default_threshold, model_version
-from evidentia.api.store import ValidationRow, now
+from evidentia.api.services import Services
 from evidentia.config import ConfigError
-from evidentia.pipeline import Pipeline
-from evidentia.reranker.registry import reranker_names
+from evidentia.engine import RunConfig, RunConfigError
+from evidentia.store import ValidationRow, now
 from evidentia.retriever.base import BackendError, MissingVectorsError, UnknownDocumentError, VectorModelError
 
 router = APIRouter(tags=["validation"])
 
 
-def _limits(services: Services, body: ValidateRequest) -> tuple[list[str], int, str, str]:
-    """Checks the limits that depend on settings (the static ones are in the schema)."""
+# How the API names each run option of Engine.config in its errors.
+BODY_FIELDS = {"stage": "stage", "reranker": "reranker", "threshold": "threshold", "pool_size": "top_k"}
+
+
+def _limits(services: Services, body: ValidateRequest) -> tuple[list[str], RunConfig]:
+    """Checks the limits that depend on settings (the static ones are in the schema)
+    and the run options (through the engine, the one place they are checked)."""
     s = services.settings
     problems: list[dict] = []
 
     def problem(field: str, message: str) -> None:
         problems.append({"loc": ["body", field], "message": message, "type": "value_error"})
 
-    if not body.question.strip():
-        problem("question", "must not be blank")
-    if len(body.question) > s.max_question_chars:
-        problem("question", f"at most {s.max_question_chars} characters (got {len(body.question)})")
-    if len(body.answer) > s.max_answer_chars:
-        problem("answer", f"at most {s.max_answer_chars} characters (got {len(body.answer)})")
+    try:
+        services.engine.check_text(body.question, body.answer)
+    except RunConfigError as exc:
+        for option, message in exc.problems:
+            problem(option, message)
     document_ids = list(dict.fromkeys(body.document_ids))
     if len(document_ids) > s.max_documents_per_validation:
         problem("document_ids", f"at most {s.max_documents_per_validation} documents per validation "
                 f"(got {len(document_ids)})")
-    top_k = body.top_k if body.top_k is not None else s.pool_size
-    if top_k > s.max_top_k:
-        problem("top_k", f"at most {s.max_top_k} (got {top_k})")
-    name = (body.reranker or s.default_reranker).strip().lower()
-    if name not in reranker_names():
-        problem("reranker", f"unknown reranker {name!r}; choose one of {', '.join(reranker_names())}")
-    elif body.threshold is not None and name == "none":
-        problem("threshold", "a threshold needs a reranker that outputs probabilities (e.g. classifier)")
-    stage = body.stage or s.stage
-    if stage != "bm25" and not s.dense:
-        source = "" if body.stage else " (the server's default, EVIDENTIA_STAGE)"
-        problem("stage", f"the {stage} stage{source} needs dense retrieval, which is off on this server: "
-                "enable it with EVIDENTIA_DENSE=on (and upload the documents again so that their pages get "
-                "embeddings), or send \"stage\": \"bm25\"")
+    config = None
+    try:
+        config = services.engine.config(stage=body.stage, reranker=body.reranker, threshold=body.threshold,
+                                        pool_size=body.top_k)
+    except RunConfigError as exc:
+        for option, message in exc.problems:
+            problem(BODY_FIELDS.get(option, option), message)
     if problems:
         raise ApiError(422, "validation_error", "; ".join(f"{'.'.join(p['loc'])}: {p['message']}" for p in problems),
                        problems)
-    return document_ids, top_k, name, stage
+    return document_ids, config
 
 
 def _external(doc_ids) -> list[str]:
@@ -90,7 +85,7 @@ def _external(doc_ids) -> list[str]:
 )
 async def validate(body: ValidateRequest, caller: Caller = Depends(require_tenant),
                    services: Services = Depends(get_services)) -> ValidateResponse:
-    document_ids, top_k, name, stage = _limits(services, body)
+    document_ids, config = _limits(services, body)
     rows = await run_in_threadpool(services.store.get_documents, caller.tenant, document_ids)
     missing = [d for d in document_ids if d not in rows]
     if missing:
@@ -100,38 +95,28 @@ async def validate(body: ValidateRequest, caller: Caller = Depends(require_tenan
     if not_ready:
         raise ApiError(409, "document_not_ready", "; ".join(not_ready_message(r) for r in not_ready),
                        [{"document_id": r.document_id, "status": r.status, "reason": r.reason} for r in not_ready])
-    backend = require_backend(services)
-    threshold = default_threshold(services.settings, name, body.threshold)
+    require_backend(services)
+    engine = services.engine
     until = deadline(services)
-    question, answer = body.question.strip(), body.answer.strip()
+    stage = config.stage
 
     def work():
-        t0 = time.perf_counter()
         try:
-            reranker = services.rerankers.get(name, threshold)
+            reranker = engine.reranker(config)
         except ConfigError as exc:
-            raise ApiError(503, "reranker_unavailable", f"reranker {name!r} cannot be loaded: {exc}") from None
-        embedder = None
+            raise ApiError(503, "reranker_unavailable", f"reranker {config.reranker!r} cannot be loaded: {exc}") from None
         if stage != "bm25":
             try:
-                embedder = services.load_embedder()
+                engine.load_embedder()
             except ConfigError as exc:
                 raise ApiError(503, "embedder_unavailable", f"the embedding model for the {stage} stage cannot "
                                f"be loaded: {exc}") from None
-        t1 = time.perf_counter()
-        # stage=None: the server's default, which falls back to bm25 (with a note) on documents without vectors
-        pipeline = Pipeline.from_settings(services.settings, backend, services.detector, reranker, stage=body.stage,
-                                          embedder=embedder, pool_size=top_k)
-        with services.rerankers.gate(name, until) as waited:
-            if time.monotonic() > until:
-                raise TimeoutError
-            result = pipeline.run(question, answer, [internal_id(caller.tenant, d) for d in document_ids])
-        timings = {"load": (t1 - t0) * 1000, "queue": waited * 1000, **result.timings_ms,
-                   "total": (time.perf_counter() - t0) * 1000}
-        return reranker, result, timings
+        query = engine.query(body.question, body.answer)
+        return engine.run(query, [internal_id(caller.tenant, d) for d in document_ids], config,
+                          reranker=reranker, deadline=until)
 
     try:
-        reranker, result, timings = await run_blocking(services, work)
+        result = await run_blocking(services, work)
     except UnknownDocumentError as exc:
         gone = _external(exc.doc_ids)
         raise ApiError(409, "document_gone", f"document(s) {', '.join(gone)} are missing from the search index; "
@@ -155,10 +140,12 @@ async def validate(body: ValidateRequest, caller: Caller = Depends(require_tenan
                       probability=None if p.probability is None else round(p.probability, 6), snippet=p.snippet)
         for p in result.pages
     ]
-    version = model_version(reranker)
+    version = result.model_version
+    timings = result.timings_ms
     validation = ValidationRow(
-        validation_id=f"val_{uuid.uuid4().hex}", tenant=caller.tenant, question=question, answer=answer,
-        document_ids=document_ids, reranker=result.reranker, threshold=threshold, top_k=top_k,
+        validation_id=f"val_{uuid.uuid4().hex}", tenant=caller.tenant, question=result.query.question,
+        answer=result.query.answer, document_ids=document_ids, reranker=result.reranker, threshold=config.threshold,
+        top_k=config.pool_size,
         pages=[{"document_id": p.document_id, "page": p.page, "score": p.score, "probability": p.probability}
                for p in pages],
         model_version=version, fallback_reason=result.fallback_reason, created=now(),
@@ -170,13 +157,14 @@ async def validate(body: ValidateRequest, caller: Caller = Depends(require_tenan
     if result.fallback_reason:
         m.fallbacks.labels(result.reranker).inc()
     return ValidateResponse(validation_id=validation.validation_id, pages=pages, reranker=result.reranker,
-                            stage=result.stage or stage, stage_note=_stage_note(result.without_vectors),
+                            stage=result.stage, stage_note=_stage_note(result.without_vectors),
                             fallback_reason=result.fallback_reason,
-                            timings_ms={k: round(v, 2) for k, v in timings.items()}, model_version=version)
+                            timings_ms={k: round(v, 2) for k, v in timings.items()}, model_version=version,
+                            candidates=len(result.candidates), note=result.note)
 
 
 def _stage_note(without_vectors) -> str | None:
-    """The pipeline's note in the caller's terms (their ids; they upload, not run the CLI)."""
+    """Why the default stage searched with bm25, in the caller's terms (their ids; they upload, not run the CLI)."""
     if not without_vectors:
         return None
     return (f"searched with bm25: document(s) {', '.join(_external(without_vectors))} have no page embeddings "

@@ -177,7 +177,9 @@ function statusText(d) {
     return d.empty_pages ? `${pages}, ${d.empty_pages} without text` : pages;
   }
   if (d.status === "failed") return d.reason || "indexing failed";
-  return d.status === "queued" ? "waiting to be indexed…" : "indexing…";
+  if (d.status === "queued") return "waiting to be indexed…";
+  if (d.progress) return `indexing ${d.progress.pages_done} / ${d.progress.pages_total} pages…`;
+  return "indexing…";
 }
 
 function renderDocuments() {
@@ -338,32 +340,57 @@ async function validate(event) {
   }
 }
 
-function formatScore(page, reranker) {
+// Which step produced the order the analyst sees: the reranker, or (when it fell
+// back, or is "none") the first stage.
+function rankedBy(result) {
+  if (result.reranker !== "none" && !result.fallback_reason) return result.reranker;
+  return result.stage || "bm25";
+}
+
+const STAGE_SCORES = { bm25: "BM25 score", dense: "similarity", hybrid: "fused rank score" };
+
+function formatScore(page, result) {
   if (page.probability !== null && page.probability !== undefined) {
     return `probability ${page.probability.toFixed(2)}`;
   }
-  if (reranker === "llm") return `LLM rank score ${page.score.toFixed(2)}`;
-  return `BM25 score ${page.score.toFixed(2)}`;
+  const by = rankedBy(result);
+  if (by === "llm") return `LLM rank ${Math.round(1 / page.score)}`;
+  return `${STAGE_SCORES[by] || "score"} ${page.score.toFixed(2)}`;
+}
+
+// A fallback reason in plain words: the first clause, without library detail.
+function plainReason(reason) {
+  const text = String(reason || "").replace(/; BM25 order returned$/, "");
+  if (/api key|api_key|OPENAI_API_KEY/i.test(text)) {
+    return "no API key is configured for the LLM (the server's EVIDENTIA_LLM_API_KEY)";
+  }
+  if (/timed out|timeout|deadline/i.test(text)) return "the LLM did not answer in time";
+  if (/connection/i.test(text)) return "the LLM server could not be reached";
+  if (/429|rate/i.test(text)) return "the LLM service is rate-limiting requests";
+  return text;
 }
 
 function renderResults(result) {
   revokeThumbnails();
   const n = result.pages.length;
   const total = result.timings_ms && result.timings_ms.total;
-  $("results-summary").textContent = `${n} ${n === 1 ? "page" : "pages"} · reranker ${result.reranker}` +
+  $("results-summary").textContent = `${n} ${n === 1 ? "page" : "pages"} · ranked by ${rankedBy(result)}` +
     (total !== undefined ? ` · ${Math.round(total)} ms` : "") +
     (result.model_version ? ` · model ${result.model_version}` : "");
   const fallback = $("fallback");
   if (result.fallback_reason) {
-    const label = result.reranker === "llm" || $("reranker").value === "llm" ? "The LLM was unavailable"
-      : "The reranker failed";
-    fallback.textContent = `${label}, so the pages are shown in BM25 order. (${result.fallback_reason})`;
+    const label = result.reranker === "llm" ? "The LLM reranker could not rank these pages"
+      : `The ${result.reranker} reranker failed`;
+    fallback.textContent = `${label}: ${plainReason(result.fallback_reason)}. They are shown in ` +
+      `${(result.stage || "bm25").toUpperCase()} order instead.`;
+    fallback.title = result.fallback_reason;  // the full technical reason, on hover
     fallback.hidden = false;
   } else {
     fallback.hidden = true;
     fallback.textContent = "";
   }
   $("no-results").hidden = n > 0;
+  if (n === 0 && result.note) $("no-results").textContent = result.note;
   const items = result.pages.map((page, i) => resultItem(page, i + 1, result));
   $("result-list").replaceChildren(...items);
   $("results").hidden = false;
@@ -404,7 +431,7 @@ function resultItem(page, rank, result) {
   where.addEventListener("click", () => openViewer(page));
   const score = document.createElement("span");
   score.className = "score";
-  score.textContent = formatScore(page, result.reranker);
+  score.textContent = formatScore(page, result);
   meta.append(rankEl, where, score);
 
   const snippet = document.createElement("p");

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
-from evidentia.indexer.language import LanguageDetector
+from evidentia.language import LanguageDetector
 from evidentia.indexer.pdf import PdfError, extract_pages
 from evidentia.records import Document
 from evidentia.retriever.base import SearchBackend
@@ -29,6 +29,7 @@ class IndexSummary:
     empty_pages: int = 0
     failures: list[IndexFailure] = field(default_factory=list)
     doc_ids: list[str] = field(default_factory=list)
+    sources: dict[str, Path] = field(default_factory=dict)  # doc id -> the file it was indexed from
     embedded_pages: int = 0  # pages run through the embedding model (0 with EVIDENTIA_DENSE=off)
     embed_seconds: float = 0.0  # time spent embedding, included in seconds
     seconds: float = 0.0  # the whole run: extraction, embedding, writing
@@ -87,6 +88,7 @@ def index_paths(
     on_document: Callable[[Path, int], None] | None = None,
     embedder: "PageEmbedder | None" = None,
     on_embedded: Callable[[int], None] | None = None,
+    doc_id_of: Callable[[Path], str] = lambda path: path.stem,
 ) -> IndexSummary:
     """Index every PDF under ``paths``; bad files are recorded, the rest still indexed.
     ``on_document(path, pages)`` is called after each file (pages = 0 on failure).
@@ -103,13 +105,14 @@ def index_paths(
         # receives whole documents and the rest of the batch goes on.
         for path in files:
             pages = 0
-            if path.stem in indexed_from:
+            doc_id = doc_id_of(path)
+            if doc_id in indexed_from:
                 summary.failures.append(IndexFailure(str(path), (
-                    f"{path}: document id {path.stem!r} already indexed from {indexed_from[path.stem]} "
+                    f"{path}: document id {path.stem!r} already indexed from {indexed_from[doc_id]} "
                     f"in this run (rename one of the files)")))
             else:
                 try:
-                    document = extract_pages(Path(path), path.stem, detector)
+                    document = extract_pages(Path(path), doc_id, detector)
                 except PdfError as exc:
                     summary.failures.append(IndexFailure(str(path), str(exc)))
                 else:
@@ -122,6 +125,7 @@ def index_paths(
                     summary.pages += document.page_count
                     summary.empty_pages += document.empty_pages
                     summary.doc_ids.append(document.doc_id)
+                    summary.sources[document.doc_id] = Path(path)
                     indexed_from[document.doc_id] = path
                     pages = document.page_count
                     yield document
@@ -136,32 +140,31 @@ def index_paths(
 
 
 def index_paths_with_progress(paths: Sequence[Path], backend: SearchBackend, detector: LanguageDetector,
-                              embedder: "PageEmbedder | None" = None, show: bool = True) -> IndexSummary:
-    """``index_paths`` behind a progress bar on stderr: documents, pages indexed
-    and pages embedded (the slow part on a CPU)."""
-    import sys
-
-    from tqdm import tqdm
+                              embedder: "PageEmbedder | None" = None, show: bool = True,
+                              doc_id_of: Callable[[Path], str] = lambda path: path.stem,
+                              every_s: float = 10.0) -> IndexSummary:
+    """``index_paths`` with its progress on stderr (a bar on a terminal, a line every
+    ``every_s`` seconds otherwise): documents, pages indexed and pages embedded
+    (the slow part on a CPU)."""
+    from evidentia.progress import Progress
 
     files, _ = find_pdfs(paths)
-    with tqdm(total=len(files), unit="doc", desc="indexing", file=sys.stderr,
-              disable=None if show else True) as bar:
+    with Progress(len(files), "indexing", "documents", show=show, every_s=every_s) as bar:
         pages_done = embedded = 0
 
-        def refresh(now: bool) -> None:
-            bar.set_postfix_str(f"{pages_done} pages" + (f", {embedded} embedded" if embedder else ""),
-                                refresh=now)
+        def refresh() -> None:
+            bar.note(f"{pages_done} pages" + (f", {embedded} embedded" if embedder else ""))
 
         def on_document(path: Path, pages: int) -> None:
             nonlocal pages_done
             pages_done += pages
-            refresh(False)
             bar.update(1)
+            refresh()
 
         def on_embedded(pages: int) -> None:
             nonlocal embedded
             embedded += pages
-            refresh(True)
+            refresh()
 
         return index_paths(paths, backend, detector, on_document=on_document, embedder=embedder,
-                           on_embedded=on_embedded)
+                           on_embedded=on_embedded, doc_id_of=doc_id_of)

@@ -92,6 +92,16 @@ CREATE INDEX IF NOT EXISTS feedback_tenant ON feedback (tenant, id);
 """
 
 
+def store_path(data_dir: Path) -> Path:
+    """The SQLite store of tenants, keys, documents, validations and feedback."""
+    return Path(data_dir) / "api.sqlite3"
+
+
+def uploads_dir(data_dir: Path) -> Path:
+    """Where uploaded PDFs are kept, one folder per tenant."""
+    return Path(data_dir) / "uploads"
+
+
 class StoreError(RuntimeError):
     """The store cannot be opened or has another schema version."""
 
@@ -277,6 +287,13 @@ class Store:
     def delete_key(self, key_id: str) -> bool:
         with self._tx() as c:
             return c.execute("DELETE FROM api_keys WHERE key_id = ?", (key_id,)).rowcount > 0
+
+    def add_tenant(self, tenant: str) -> None:
+        """Make ``tenant`` known (a key creates its tenant; so does `evidentia index --tenant`)."""
+        if not TENANT_RE.match(tenant):
+            raise StoreError(f"invalid tenant {tenant!r}")
+        with self._tx() as c:
+            c.execute("INSERT OR IGNORE INTO tenants (name, created) VALUES (?, ?)", (tenant, now()))
 
     def tenants(self) -> list[str]:
         return [r["name"] for r in self._query("SELECT name FROM tenants ORDER BY name")]

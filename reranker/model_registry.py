@@ -23,7 +23,32 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
-from evidentia.reranker.classifier_model import METADATA_FILE, MODELS_SUBDIR, REGISTRY_FILE, ModelMetadata
+from evidentia.reranker.classifier_model import METADATA_FILE, SHIPPED_MODEL_DIR, ModelMetadata
+
+# The layout is defined here, once: `evidentia train`/`retrain` write through
+# ModelRegistry, the classifier reranker reads the production pointer.
+MODELS_SUBDIR = "models"
+REGISTRY_FILE = "registry.json"
+
+
+def production_model_dir(data_dir: Path) -> Path | None:
+    """The registry's production model, or None when none was promoted."""
+    root = Path(data_dir) / MODELS_SUBDIR
+    try:
+        state = json.loads((root / REGISTRY_FILE).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    version = state.get("production")
+    return root / version if version else None
+
+
+def resolve_model_dir(settings) -> Path:
+    """Which classifier to load: EVIDENTIA_CLASSIFIER_MODEL if set, else the
+    registry's production model, else the model shipped with Evidentia. Called on
+    every validation by the API, so a promotion takes effect without a restart."""
+    if settings.classifier_model:
+        return Path(settings.classifier_model)
+    return production_model_dir(settings.data_dir) or SHIPPED_MODEL_DIR
 
 
 def registry_for(data_dir: Path) -> "ModelRegistry":

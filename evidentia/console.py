@@ -1,0 +1,120 @@
+"""What every command of the ``evidentia`` CLI shares: exit codes, the one-line
+``error:`` message, and the engine opened from the environment. Command modules
+(``evidentia.cli``, ``evaluation/cli.py``, ``training/cli.py``, ``api/cli.py``)
+import this module; nothing here imports them, so the CLI has no import cycle."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Callable, Sequence
+
+import typer
+
+from evidentia.config import ConfigError, Settings
+from evidentia.engine import Engine, RunConfig, RunConfigError
+
+EXIT_BAD_INPUT = 1
+EXIT_USAGE = 2
+EXIT_BACKEND = 3
+EXIT_FALLBACK = 4  # `search --strict`: the reranker fell back to the first-stage order
+
+# How the CLI names each run option of Engine.config in its messages.
+OPTION_FLAGS = {"stage": "--stage", "reranker": "--reranker", "threshold": "--threshold", "pool_size": "--top-k",
+                "question": "--question", "answer": "--answer"}
+
+
+def quiet_libraries(verbose: bool = False) -> None:
+    """Third-party progress bars ("Loading weights"), advisory messages and
+    deprecation warnings are noise to a user of this program: off unless
+    ``-v``. Environment variables, because the libraries read them when they
+    are imported, which happens later and only when a command needs them."""
+    if verbose:
+        return
+    for name, value in (("HF_HUB_DISABLE_PROGRESS_BARS", "1"), ("TRANSFORMERS_VERBOSITY", "error"),
+                        ("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1"), ("TOKENIZERS_PARALLELISM", "false")):
+        os.environ.setdefault(name, value)
+    for category in (FutureWarning, DeprecationWarning):
+        warnings.filterwarnings("ignore", category=category)
+
+
+def fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code)
+
+
+class Context:
+    """The engine of one CLI command, opened lazily so that `--help` needs no index;
+    setting and backend errors become one `error:` line and an exit code."""
+
+    def __init__(self, **overrides) -> None:
+        """The settings from the environment, with ``overrides`` (e.g. a data_dir)."""
+        try:
+            self.settings = Settings.from_env().with_(**overrides)
+        except ConfigError as exc:
+            raise fail(str(exc))
+        self.engine = Engine(self.settings)
+
+    @property
+    def backend(self):
+        from evidentia.retriever.base import BackendError
+
+        try:
+            return self.engine.backend
+        except ConfigError as exc:
+            raise fail(str(exc))
+        except BackendError as exc:
+            raise fail(str(exc), EXIT_BACKEND)
+
+    @property
+    def detector(self):
+        return self.engine.detector
+
+    @property
+    def embedder(self):
+        try:
+            return self.engine.embedder
+        except ConfigError as exc:
+            raise fail(str(exc))
+
+    def config(self, flags: dict[str, str] | None = None, **options) -> RunConfig:
+        """Engine.config, with each problem named by the command's flag."""
+        try:
+            return self.engine.config(**options)
+        except RunConfigError as exc:
+            raise self._fail(exc, flags)
+
+    def check_text(self, question: str, answer: str) -> None:
+        """The same limits on question and answer as the API's."""
+        try:
+            self.engine.check_text(question, answer)
+        except RunConfigError as exc:
+            raise self._fail(exc)
+
+    @staticmethod
+    def _fail(exc: RunConfigError, flags: dict[str, str] | None = None) -> typer.Exit:
+        names = {**OPTION_FLAGS, **(flags or {})}
+        return fail("; ".join(f"{names.get(o, o)} {m}" for o, m in exc.problems))
+
+    def require_documents(self, doc_ids: Sequence[str], folders: Sequence[Path],
+                          missing_message: Callable[[list[str]], str]) -> None:
+        """Commands that take labelled queries: open the index, index the queries'
+        documents it lacks from ``folders``, and fail (exit 1) with
+        ``missing_message(ids)`` when some are still missing."""
+        self.backend  # noqa: B018 (opens it, or fails with the right exit code)
+        for folder in folders:
+            self.index_missing(doc_ids, folder)
+        missing = self.engine.missing_documents(doc_ids)
+        if missing:
+            raise fail(missing_message(missing), EXIT_BAD_INPUT)
+
+    def index_missing(self, doc_ids: Sequence[str], folder: Path) -> None:
+        """Index, from ``folder``, the documents the index lacks (commands that take
+        labelled queries and a PDF folder); each bad PDF and a summary go to stderr."""
+        self.backend  # noqa: B018 (opens it, or fails with the right exit code)
+        summary = self.engine.index_missing(doc_ids, folder)
+        if summary is not None:
+            for failure in summary.failures:
+                typer.echo(f"error: {failure.reason}", err=True)
+            typer.echo(f"indexed from {folder}: {summary.line()}", err=True)

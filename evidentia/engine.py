@@ -1,0 +1,364 @@
+"""The engine: the one place a search is assembled.
+
+It owns the search backend, the language detector, the shared embedder and the
+loaded rerankers, checks a run's options once (``Engine.config``), and runs one
+query through a first stage and a reranker (``Engine.run``). The CLI, the API,
+evaluation, training and distillation all go through it::
+
+    question + answer --build_query--> Query(text, keywords, language)
+        --first stage (bm25 | dense | hybrid = bm25 + dense, RRF-joined)--> candidates
+        --reranker (none | llm | classifier @ threshold)--> ranked pages -> SearchResult
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from evidentia.config import STAGES, ConfigError, Settings
+from evidentia.language import LanguageDetector
+from evidentia.records import Candidate, Query, RankedPage
+from evidentia.reranker.base import Reranker
+from evidentia.reranker.cache import RerankerCache
+from evidentia.reranker.registry import create_reranker, reranker_class, reranker_names
+from evidentia.retriever.base import MissingVectorsError, SearchBackend
+from evidentia.retriever.query import build_query
+from evidentia.retriever.stages import BM25Retriever, DenseRetriever, FirstStage, HybridRetriever
+
+if TYPE_CHECKING:  # pragma: no cover
+    from evidentia.indexing import IndexSummary
+    from evidentia.retriever.dense import PageEmbedder
+
+
+class RunConfigError(ConfigError):
+    """Run options that cannot be used; ``problems`` lists (option, message) so
+    each entry point names the option its own way (``--top-k``, ``body.top_k``)."""
+
+    def __init__(self, problems: Sequence[tuple[str, str]]):
+        self.problems = list(problems)
+        super().__init__("; ".join(f"{option}: {message}" for option, message in self.problems))
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """What one search runs: a first stage, a reranker and its threshold, a pool size."""
+
+    stage: str = "bm25"
+    reranker: str = "none"
+    threshold: float | None = None  # None: the reranker keeps every page it ranks
+    pool_size: int = 20
+    # The default stage (hybrid, nobody asked for it) searches documents without page
+    # vectors with bm25 and says so; a stage asked for raises MissingVectorsError.
+    bm25_fallback: bool = False
+
+    @property
+    def label(self) -> str:
+        """``stage[+reranker][@threshold]``, the form ``parse_config`` reads."""
+        label = self.stage if self.reranker == "none" else f"{self.stage}+{self.reranker}"
+        return f"{label}@{self.threshold:g}" if self.threshold is not None else label
+
+
+def parse_config(spec: str, pool_size: int = 20) -> RunConfig:
+    """``[stage+]reranker[@threshold]``; a bare stage means no reranker, a bare
+    reranker runs on the bm25 stage (``classifier@0.15`` = ``bm25+classifier@0.15``)."""
+    spec = spec.strip()
+    if not spec:
+        raise ConfigError("empty configuration")
+    body, _, thr = spec.partition("@")
+    threshold = None
+    if thr:
+        try:
+            threshold = float(thr)
+        except ValueError:
+            raise ConfigError(f"{spec!r}: threshold {thr!r} is not a number") from None
+        if not 0.0 <= threshold <= 1.0:
+            raise ConfigError(f"{spec!r}: threshold must be between 0 and 1")
+    parts = [p.strip() for p in body.split("+") if p.strip()]
+    stage, reranker = "bm25", "none"
+    if len(parts) == 1:
+        if parts[0] in STAGES:
+            stage = parts[0]
+        else:
+            reranker = parts[0]
+    elif len(parts) == 2:
+        stage, reranker = parts
+    else:
+        raise ConfigError(f"{spec!r}: expected [stage+]reranker[@threshold]")
+    if stage not in STAGES:
+        raise ConfigError(f"{spec!r}: unknown first stage {stage!r}; choose one of {', '.join(STAGES)}")
+    if reranker not in reranker_names():
+        raise ConfigError(f"{spec!r}: unknown reranker {reranker!r}; choose one of {', '.join(reranker_names())}")
+    if threshold is not None and not reranker_class(reranker).outputs_probabilities:
+        raise ConfigError(f"{spec!r}: a threshold needs a reranker that outputs probabilities; "
+                          f"{reranker!r} does not output probabilities")
+    return RunConfig(stage=stage, reranker=reranker, threshold=threshold, pool_size=pool_size)
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    query: Query
+    candidates: list[Candidate]  # the first-stage pool, best first
+    pages: list[RankedPage]  # what the reranker kept, best first
+    config: RunConfig
+    reranker: str  # the reranker that ran
+    fallback_reason: str | None = None  # set when the reranker handed back the first-stage order
+    model_version: str | None = None
+    info: dict = field(default_factory=dict)
+    timings_ms: dict[str, float] = field(default_factory=dict)
+    without_vectors: tuple[str, ...] = ()  # set when the default hybrid stage fell back to bm25 for these
+
+    @property
+    def stage(self) -> str:
+        """The first stage that built the pool: bm25 when hybrid fell back."""
+        return "bm25" if self.without_vectors else self.config.stage
+
+    @property
+    def note(self) -> str | None:
+        """Why no page came back, and what to do about it (None when pages did)."""
+        if self.pages:
+            return None
+        if not self.query.keywords and self.config.stage == "bm25":
+            return ("no matching page: the question and answer hold no searchable word (only stop words or "
+                    "punctuation); add the words the evidence would use, or use the hybrid stage")
+        if not self.candidates:
+            return ("no matching page: no page of these documents contains any of the words "
+                    f"{', '.join(self.query.keywords[:8])}; try other words, or the hybrid stage (finds pages "
+                    "by meaning)")
+        best = self.info.get("best_probability")
+        best_text = f" (the best had p={best:.2f})" if best is not None else ""
+        n = len(self.candidates)
+        which = "the only candidate" if n == 1 else f"all {n} candidates"
+        threshold = f" {self.config.threshold:g}" if self.config.threshold is not None else ""
+        return (f"no page kept: {which} fell below the relevance threshold{threshold}{best_text}; lower the "
+                "threshold (e.g. to 0) to see them")
+
+
+class Engine:
+    """Everything a search needs, opened lazily (``--help`` needs no index) and
+    loaded once per process. Safe to share between threads."""
+
+    def __init__(self, settings: Settings, *, backend: SearchBackend | None = None,
+                 embedder: "PageEmbedder | None" = None, dense_queries: bool = True,
+                 reranker_factory: Callable[..., Reranker] = create_reranker) -> None:
+        """``backend`` and ``embedder`` are opened from the settings unless given
+        (tests and benchmarks share theirs). ``dense_queries`` False refuses the
+        dense and hybrid stages up front: a server with EVIDENTIA_DENSE=off loads
+        no embedding model. The CLI keeps them, so documents indexed with vectors
+        earlier stay searchable and others get a precise missing-vectors error."""
+        self.settings = settings
+        self.dense_queries = dense_queries
+        self._backend = backend
+        self._detector: LanguageDetector | None = None
+        self._embedder = embedder
+        self._lock = threading.Lock()
+        self.rerankers = RerankerCache(settings, factory=reranker_factory)
+
+    # -- parts -----------------------------------------------------------------
+    @property
+    def backend(self) -> SearchBackend:
+        """The configured search backend; ConfigError / BackendError when it cannot be opened."""
+        if self._backend is None:
+            from evidentia.retriever.factory import open_backend
+
+            with self._lock:
+                if self._backend is None:
+                    self._backend = open_backend(self.settings)
+        return self._backend
+
+    @property
+    def backend_open(self) -> bool:
+        return self._backend is not None
+
+    @property
+    def detector(self) -> LanguageDetector:
+        # each detection makes its own seeded langdetect Detector, so threads can share one
+        if self._detector is None:
+            self._detector = LanguageDetector(probe_chars=self.settings.language_probe_chars)
+        return self._detector
+
+    @property
+    def embedder(self) -> "PageEmbedder":
+        """The page/query embedder (EVIDENTIA_DENSE_MODEL), shared by indexing and
+        search; creating it costs nothing, its model loads on first use."""
+        if self._embedder is None:
+            from evidentia.retriever.dense import SharedEmbedder
+
+            with self._lock:
+                if self._embedder is None:
+                    try:
+                        self._embedder = SharedEmbedder.from_settings(self.settings)
+                    except ValueError as exc:
+                        raise ConfigError(f"EVIDENTIA_DENSE_*: {exc}") from None
+        return self._embedder
+
+    @property
+    def indexing_embedder(self) -> "PageEmbedder | None":
+        """The embedder used while indexing; None with EVIDENTIA_DENSE=off."""
+        return self.embedder if self.settings.dense else None
+
+    def load_embedder(self) -> "PageEmbedder":
+        """The embedder with its model loaded; EmbeddingError (a ConfigError) when it cannot be."""
+        embedder = self.embedder
+        if not embedder.loaded:
+            embedder.load()  # once, under the embedder's lock (the ONNX export on first use, then cached)
+        return embedder
+
+    def close(self) -> None:
+        if self._backend is not None:
+            self._backend.close()
+
+    # -- run options -----------------------------------------------------------
+    def config(self, *, stage: str | None = None, reranker: str | None = None, threshold: float | None = None,
+               pool_size: int | None = None) -> RunConfig:
+        """The one place run options are checked and defaulted: the stage
+        (EVIDENTIA_STAGE), the reranker (EVIDENTIA_DEFAULT_RERANKER), its threshold
+        (EVIDENTIA_CLASSIFIER_THRESHOLD for a reranker that outputs probabilities),
+        the pool size (EVIDENTIA_POOL_SIZE, at most EVIDENTIA_MAX_TOP_K).
+        Raises RunConfigError naming each bad option."""
+        s = self.settings
+        problems: list[tuple[str, str]] = []
+        source = "" if stage else " (the default, EVIDENTIA_STAGE)"
+        fallback = not stage
+        stage = (stage or s.stage).strip().lower()
+        if stage not in STAGES:
+            problems.append(("stage", f"must be one of {', '.join(STAGES)}, not {stage!r}"))
+        elif stage != "bm25" and not self.dense_queries:
+            problems.append(("stage", f"the {stage} stage{source} needs dense retrieval, which is off here: "
+                             "enable it with EVIDENTIA_DENSE=on (and index the documents again so that their "
+                             "pages get embeddings), or use the bm25 stage"))
+        name = (reranker or s.default_reranker).strip().lower()
+        cls = None
+        if name not in reranker_names():
+            problems.append(("reranker", f"unknown reranker {name!r}; choose one of {', '.join(reranker_names())}"))
+        else:
+            cls = reranker_class(name)
+        if threshold is not None:
+            if not 0.0 <= threshold <= 1.0:
+                problems.append(("threshold", "must be between 0 and 1"))
+            elif cls is not None and not cls.outputs_probabilities:
+                problems.append(("threshold", f"a threshold needs a reranker that outputs probabilities "
+                                 f"(e.g. classifier), not {name}"))
+        elif cls is not None and cls.outputs_probabilities:
+            threshold = s.classifier_threshold
+        pool = s.pool_size if pool_size is None else pool_size
+        if pool <= 0:
+            problems.append(("pool_size", "must be a positive integer"))
+        elif pool > s.max_top_k:
+            problems.append(("pool_size", f"at most {s.max_top_k} (EVIDENTIA_MAX_TOP_K), got {pool}"))
+        if problems:
+            raise RunConfigError(problems)
+        return RunConfig(stage=stage, reranker=name, threshold=threshold, pool_size=pool,
+                         bm25_fallback=fallback and stage == "hybrid")
+
+    def check_text(self, question: str, answer: str) -> None:
+        """The limits on a question and its answer, the same for the CLI and the API
+        (EVIDENTIA_MAX_QUESTION_CHARS, EVIDENTIA_MAX_ANSWER_CHARS). RunConfigError otherwise."""
+        s = self.settings
+        problems: list[tuple[str, str]] = []
+        if not question.strip():
+            problems.append(("question", "must not be blank"))
+        if len(question) > s.max_question_chars:
+            problems.append(("question", f"at most {s.max_question_chars} characters (got {len(question)}; "
+                             "EVIDENTIA_MAX_QUESTION_CHARS)"))
+        if len(answer) > s.max_answer_chars:
+            problems.append(("answer", f"at most {s.max_answer_chars} characters (got {len(answer)}; "
+                             "EVIDENTIA_MAX_ANSWER_CHARS)"))
+        if problems:
+            raise RunConfigError(problems)
+
+    # -- search ----------------------------------------------------------------
+    def query(self, question: str, answer: str = "") -> Query:
+        return build_query(question, answer, self.detector)
+
+    def first_stage(self, stage: str) -> FirstStage:
+        if stage not in STAGES:
+            raise ConfigError(f"unknown first stage {stage!r}; choose one of {', '.join(STAGES)}")
+        bm25 = BM25Retriever(self.backend)
+        if stage == "bm25":
+            return bm25
+        dense = DenseRetriever(self.backend, self.embedder)
+        if stage == "dense":
+            return dense
+        s = self.settings
+        return HybridRetriever(bm25, dense, weights=tuple(s.hybrid_weights), rrf_k=s.rrf_k, depth=s.hybrid_depth)
+
+    def retrieve(self, query: Query, doc_ids: Sequence[str], stage: str, pool_size: int,
+                 timings: dict[str, float] | None = None) -> list[Candidate]:
+        """The first-stage pool, best first, at most ``pool_size`` pages."""
+        return self.first_stage(stage).retrieve(query, doc_ids, pool_size, timings)
+
+    def reranker(self, config: RunConfig) -> Reranker:
+        """The loaded reranker of ``config`` (created once, then shared)."""
+        return self.rerankers.get(config.reranker, config.threshold)
+
+    def run(self, query: Query, doc_ids: Sequence[str], config: RunConfig, *,
+            reranker: Reranker | None = None, deadline: float | None = None) -> SearchResult:
+        """One query through the first stage and the reranker. ``reranker``
+        overrides the configured one (evaluation passes its own); ``deadline``
+        (time.monotonic()) bounds the wait for a local-compute slot (TimeoutError)."""
+        t0 = time.perf_counter()
+        timings: dict[str, float] = {}
+        reranker = reranker if reranker is not None else self.reranker(config)
+        t1 = time.perf_counter()
+        without: tuple[str, ...] = ()
+        try:
+            candidates = self.retrieve(query, doc_ids, config.stage, config.pool_size, timings)
+        except MissingVectorsError as exc:
+            if not config.bm25_fallback:
+                raise
+            without = tuple(exc.doc_ids)
+            candidates = self.retrieve(query, doc_ids, "bm25", config.pool_size, timings)
+        t2 = time.perf_counter()
+        with self.rerankers.gate(reranker, deadline) as waited:
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError
+            t3 = time.perf_counter()
+            result = reranker.rerank(query, candidates)
+        t4 = time.perf_counter()
+        timings.update({"load": (t1 - t0) * 1000, "retrieve": (t2 - t1) * 1000, "queue": waited * 1000,
+                        "rerank": (t4 - t3) * 1000, "total": (t4 - t0) * 1000})
+        return SearchResult(query=query, candidates=candidates, pages=result.pages, config=config,
+                            reranker=reranker.name, fallback_reason=result.fallback_reason,
+                            model_version=reranker.model_version, info=result.info, timings_ms=timings,
+                            without_vectors=without)
+
+    def search(self, question: str, answer: str, doc_ids: Sequence[str], config: RunConfig,
+               **kwargs) -> SearchResult:
+        return self.run(self.query(question, answer), doc_ids, config, **kwargs)
+
+    # -- indexing --------------------------------------------------------------
+    def index_paths(self, paths: Sequence[Path], progress: bool = True,
+                    doc_id_of: Callable[[Path], str] | None = None) -> "IndexSummary":
+        """Index PDFs (files or folders), with page embeddings unless EVIDENTIA_DENSE=off;
+        a document's id is ``doc_id_of(path)`` (default: the file's stem)."""
+        from evidentia.indexing import index_paths_with_progress
+
+        return index_paths_with_progress(paths, self.backend, self.detector, embedder=self.indexing_embedder,
+                                         show=progress, doc_id_of=doc_id_of or (lambda path: path.stem),
+                                         every_s=self.settings.progress_interval_s)
+
+    def missing_documents(self, doc_ids: Sequence[str]) -> list[str]:
+        indexed = {d.doc_id for d in self.backend.list_documents()}
+        return sorted(d for d in dict.fromkeys(doc_ids) if d not in indexed)
+
+    def index_missing(self, doc_ids: Sequence[str], pdf_dir: Path, progress: bool = True) -> "IndexSummary | None":
+        """Index, from ``pdf_dir`` (searched recursively), the PDFs whose stem is one
+        of ``doc_ids`` that the index lacks; None when nothing needed indexing.
+        Indexed like any other document (page embeddings included), so every stage
+        can search them afterwards."""
+        from evidentia.indexing import find_pdfs
+
+        missing = set(self.missing_documents(doc_ids))
+        if not missing:
+            return None
+        files, _ = find_pdfs([pdf_dir])
+        chosen: dict[str, Path] = {}
+        for path in files:
+            if path.stem in missing:
+                chosen.setdefault(path.stem, path)
+        if not chosen:
+            return None
+        return self.index_paths(list(chosen.values()), progress=progress)

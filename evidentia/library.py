@@ -1,0 +1,141 @@
+"""A tenant's documents, the same for the CLI and the API.
+
+The search index holds a document's pages under ``"{tenant}:{document_id}"``
+(``evidentia.tenants``); the store holds its status, page counts and the PDF the
+page images are rendered from. ``evidentia index --tenant T`` writes both, as an
+upload through the API does, so a key of tenant T sees the document over HTTP,
+and `evidentia docs/search/delete --tenant T` see what was uploaded. Without
+``--tenant`` the CLI works on the default tenant (EVIDENTIA_DEFAULT_TENANT): give
+an API key to that tenant (`evidentia keys create --tenant default`) to share
+CLI-indexed documents with the API.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+from evidentia.engine import Engine
+from evidentia.store import TENANT_RE, Store, store_path, uploads_dir
+from evidentia.tenants import internal_id, split_internal_id
+
+if TYPE_CHECKING:  # pragma: no cover - evidentia.indexing imports PyMuPDF (and, through it, onnxruntime):
+    from evidentia.indexing import IndexSummary  # a search must not pay for that
+
+
+class LibraryError(ValueError):
+    """A tenant or document id that cannot be used; the message says why."""
+
+
+def document_id_for(path: Path) -> str:
+    """A file's document id: its stem, with characters an id may not hold
+    (anything but letters, digits, ``_``, ``.``, ``-``) turned into ``-``."""
+    cleaned = re.sub(r"[^A-Za-z0-9_.-]+", "-", path.stem).strip("-._")[:128]
+    return cleaned or "document"
+
+
+@dataclass(frozen=True)
+class LibraryDocument:
+    tenant: str | None  # None: indexed before tenants existed (or by `eval`/`dataset`), outside any tenant
+    document_id: str
+    pages: int
+    empty_pages: int
+    languages: dict[str, int] = field(default_factory=dict)
+    status: str = "ready"
+
+
+class Library:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.settings = engine.settings
+        self._store: Store | None = None
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            self._store = Store(store_path(self.settings.data_dir))
+        return self._store
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+
+    def tenant(self, tenant: str | None) -> str:
+        tenant = tenant or self.settings.default_tenant
+        if not TENANT_RE.match(tenant):
+            raise LibraryError(f"tenant {tenant!r}: use letters, digits, '_', '.', '-' (at most 64, no ':')")
+        return tenant
+
+    # -- indexing ---------------------------------------------------------------
+    def index(self, tenant: str | None, paths: Sequence[Path], progress: bool = True) -> "IndexSummary":
+        """Index PDFs for ``tenant`` and record them in the store as `ready`, with a
+        copy of each file for the page images. A file that fails leaves its
+        previous version (if any) as it was."""
+        tenant = self.tenant(tenant)
+        summary = self.engine.index_paths(paths, progress=progress,
+                                          doc_id_of=lambda path: internal_id(tenant, document_id_for(path)))
+        for doc_id in summary.doc_ids:
+            _, document_id = split_internal_id(doc_id)
+            self._record(tenant, document_id, summary.sources[doc_id], doc_id)
+        return summary
+
+    def _record(self, tenant: str, document_id: str, source: Path, doc_id: str) -> None:
+        generation = uuid.uuid4().hex
+        folder = uploads_dir(self.settings.data_dir) / tenant / generation
+        folder.mkdir(parents=True, exist_ok=True)
+        copy = folder / f"{document_id}.pdf"
+        shutil.copyfile(source, copy)
+        self.store.add_tenant(tenant)
+        row, old = self.store.put_document(tenant, document_id, source.name, copy.stat().st_size, str(copy),
+                                           generation)
+        info = self.engine.backend.get_document(doc_id)
+        self.store.set_status(tenant, document_id, generation, "ready", pages=info.pages if info else None,
+                              empty_pages=info.empty_pages if info else None,
+                              languages=info.languages if info else None)
+        if old is not None and Path(old.file_path).parent != folder:
+            shutil.rmtree(Path(old.file_path).parent, ignore_errors=True)
+
+    # -- reading ----------------------------------------------------------------
+    def documents(self, tenant: str | None = None) -> list[LibraryDocument]:
+        """The indexed documents of ``tenant`` (None: of every tenant, and those outside any)."""
+        wanted = self.tenant(tenant) if tenant else None
+        out = []
+        for info in self.engine.backend.list_documents():
+            parts = split_internal_id(info.doc_id)
+            owner, document_id = parts if parts else (None, info.doc_id)
+            if wanted is not None and owner != wanted:
+                continue
+            out.append(LibraryDocument(owner, document_id, info.pages, info.empty_pages, dict(info.languages)))
+        return sorted(out, key=lambda d: (d.tenant or "", d.document_id))
+
+    def resolve(self, tenant: str | None, document_ids: Sequence[str]) -> list[str]:
+        """The index ids of a tenant's documents. For the default tenant, a document
+        indexed outside any tenant (before tenants existed, or by `eval`) is found
+        under its plain id when the tenant has none of that id."""
+        tenant = self.tenant(tenant)
+        indexed = {d.doc_id for d in self.engine.backend.list_documents()}
+        out = []
+        for document_id in document_ids:
+            doc_id = internal_id(tenant, document_id)
+            if doc_id not in indexed and tenant == self.settings.default_tenant and document_id in indexed:
+                doc_id = document_id
+            out.append(doc_id)
+        return out
+
+    # -- removing ---------------------------------------------------------------
+    def delete(self, tenant: str | None, document_id: str) -> bool:
+        """Remove a document from the index and the store (its file and feedback too)."""
+        [doc_id] = self.resolve(tenant, [document_id])
+        removed_index = self.engine.backend.delete_document(doc_id)
+        row = None
+        parts = split_internal_id(doc_id)
+        if parts is not None:
+            row = self.store.delete_document(*parts)
+            if row is not None:
+                shutil.rmtree(Path(row.file_path).parent, ignore_errors=True)
+        return bool(removed_index or row)
+
