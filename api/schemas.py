@@ -6,10 +6,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from evidentia.config import STAGES
 from evidentia.reranker.registry import reranker_names
 
 Status = Literal["queued", "indexing", "ready", "failed"]
-Stage = Literal["bm25", "dense", "hybrid"]  # evidentia.config.STAGES
+Stage = Literal[STAGES]  # the same tuple the engine checks; a Literal so OpenAPI lists the values
 
 
 class ErrorDetail(BaseModel):

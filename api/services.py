@@ -19,7 +19,7 @@ from evidentia.reranker.cache import RerankerCache
 from evidentia.retriever.base import SearchBackend
 from evidentia.retriever.dense import PageEmbedder
 from evidentia.store import Store, store_path, uploads_dir
-from evidentia.tenants import split_internal_id
+from evidentia.tenants import is_default_tenants, split_internal_id
 
 log = logging.getLogger("evidentia.api")
 
@@ -169,11 +169,14 @@ class Services:
 
     def _sweep_index(self, backend: SearchBackend) -> None:
         """Remove tenant documents that are in the index but no longer in the store
-        (a crash or a backend error between a delete's two steps). Documents
-        indexed by the CLI (no tenant prefix) are left alone."""
+        (a crash or a backend error between a delete's two steps). The default
+        tenant's (plain ids) are left alone: `eval` and `dataset` index documents
+        there without registering them in the store."""
         tenants = set(self.store.tenants())
         for info in backend.list_documents():
+            if is_default_tenants(info.doc_id):
+                continue
             parts = split_internal_id(info.doc_id)
-            if parts and parts[0] in tenants and self.store.get_document(*parts) is None:
+            if parts[0] in tenants and self.store.get_document(*parts) is None:
                 log.info("removing orphan %s from the index", info.doc_id)
                 backend.delete_document(info.doc_id)

@@ -23,8 +23,8 @@ def main_options(verbose: bool = typer.Option(False, "--verbose", "-v",
     quiet_libraries(verbose)
 
 
-TENANT_HELP = ("Tenant whose documents these are, as the API sees them (default EVIDENTIA_DEFAULT_TENANT, "
-               "'default'; `evidentia keys create --tenant default` gives the API access to them).")
+TENANT_HELP = ("Tenant whose documents these are, as the API sees them (default: 'default'; "
+               "`evidentia keys create --tenant default` gives the API access to them).")
 
 
 def _library(ctx: Context):
@@ -156,7 +156,7 @@ def search(
 def _external(doc_ids) -> list[str]:
     from evidentia.tenants import split_internal_id
 
-    return [(split_internal_id(d) or ("", d))[1] for d in doc_ids]
+    return [split_internal_id(d)[1] for d in doc_ids]
 
 
 @app.command()
@@ -182,13 +182,10 @@ def docs(tenant: Optional[str] = typer.Option(None, "--tenant", help="Only this 
     typer.echo("tenant\tdocument\tpages\tempty\tlanguages (pages with text)")
     for d in found:
         langs = ", ".join(f"{k}:{v}" for k, v in d.languages.items()) or "-"
-        typer.echo(f"{d.tenant or '-'}\t{d.document_id}\t{d.pages}\t{d.empty_pages}\t{langs}")
+        typer.echo(f"{d.tenant}\t{d.document_id}\t{d.pages}\t{d.empty_pages}\t{langs}")
     if any(d.empty_pages for d in found):
         typer.echo("empty pages have no extractable text (scans, pictures): they have no language and are not "
                    "searched", err=True)
-    if any(d.tenant is None for d in found):
-        typer.echo("tenant '-': indexed outside any tenant (by `eval`/`dataset`, or before tenants existed); "
-                   "the default tenant's searches still find them", err=True)
 
 
 @app.command()

@@ -123,8 +123,6 @@ class Settings:
     es_url: str | None = setting(None, "Elasticsearch URL, e.g. `http://localhost:9200`")
     es_index: str = setting("evidentia-pages", "Elasticsearch index name")
     es_api_key: str | None = setting(None, "Elasticsearch API key, if the cluster needs one")
-    default_tenant: str = setting("default", "tenant of the CLI's documents when no `--tenant` is given; give it "
-                                  "an API key to share them with the API")
     progress_interval_s: float = setting(10.0, "seconds between progress lines when the output is not a "
                                          "terminal (CI logs, `tee`); a terminal gets a live bar", parse=positive_float)
     # -- first stage

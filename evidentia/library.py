@@ -5,9 +5,9 @@ The search index holds a document's pages under ``"{tenant}:{document_id}"``
 page images are rendered from. ``evidentia index --tenant T`` writes both, as an
 upload through the API does, so a key of tenant T sees the document over HTTP,
 and `evidentia docs/search/delete --tenant T` see what was uploaded. Without
-``--tenant`` the CLI works on the default tenant (EVIDENTIA_DEFAULT_TENANT): give
-an API key to that tenant (`evidentia keys create --tenant default`) to share
-CLI-indexed documents with the API.
+``--tenant`` the CLI works on the default tenant (``tenants.DEFAULT_TENANT``):
+give an API key to that tenant (`evidentia keys create --tenant default`) to
+share CLI-indexed documents with the API.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from evidentia.engine import Engine
 from evidentia.store import TENANT_RE, Store, store_path, uploads_dir
-from evidentia.tenants import internal_id, split_internal_id
+from evidentia.tenants import DEFAULT_TENANT, internal_id, split_internal_id
 
 if TYPE_CHECKING:  # pragma: no cover - evidentia.indexing imports PyMuPDF (and, through it, onnxruntime):
     from evidentia.indexing import IndexSummary  # a search must not pay for that
@@ -40,7 +40,7 @@ def document_id_for(path: Path) -> str:
 
 @dataclass(frozen=True)
 class LibraryDocument:
-    tenant: str | None  # None: indexed before tenants existed (or by `eval`/`dataset`), outside any tenant
+    tenant: str
     document_id: str
     pages: int
     empty_pages: int
@@ -65,7 +65,7 @@ class Library:
             self._store.close()
 
     def tenant(self, tenant: str | None) -> str:
-        tenant = tenant or self.settings.default_tenant
+        tenant = tenant or DEFAULT_TENANT
         if not TENANT_RE.match(tenant):
             raise LibraryError(f"tenant {tenant!r}: use letters, digits, '_', '.', '-' (at most 64, no ':')")
         return tenant
@@ -105,37 +105,24 @@ class Library:
         wanted = self.tenant(tenant) if tenant else None
         out = []
         for info in self.engine.backend.list_documents():
-            parts = split_internal_id(info.doc_id)
-            owner, document_id = parts if parts else (None, info.doc_id)
+            owner, document_id = split_internal_id(info.doc_id)
             if wanted is not None and owner != wanted:
                 continue
             out.append(LibraryDocument(owner, document_id, info.pages, info.empty_pages, dict(info.languages)))
-        return sorted(out, key=lambda d: (d.tenant or "", d.document_id))
+        return sorted(out, key=lambda d: (d.tenant, d.document_id))
 
     def resolve(self, tenant: str | None, document_ids: Sequence[str]) -> list[str]:
-        """The index ids of a tenant's documents. For the default tenant, a document
-        indexed outside any tenant (before tenants existed, or by `eval`) is found
-        under its plain id when the tenant has none of that id."""
+        """The index ids of a tenant's documents."""
         tenant = self.tenant(tenant)
-        indexed = {d.doc_id for d in self.engine.backend.list_documents()}
-        out = []
-        for document_id in document_ids:
-            doc_id = internal_id(tenant, document_id)
-            if doc_id not in indexed and tenant == self.settings.default_tenant and document_id in indexed:
-                doc_id = document_id
-            out.append(doc_id)
-        return out
+        return [internal_id(tenant, document_id) for document_id in document_ids]
 
     # -- removing ---------------------------------------------------------------
     def delete(self, tenant: str | None, document_id: str) -> bool:
         """Remove a document from the index and the store (its file and feedback too)."""
-        [doc_id] = self.resolve(tenant, [document_id])
-        removed_index = self.engine.backend.delete_document(doc_id)
-        row = None
-        parts = split_internal_id(doc_id)
-        if parts is not None:
-            row = self.store.delete_document(*parts)
-            if row is not None:
-                shutil.rmtree(Path(row.file_path).parent, ignore_errors=True)
+        tenant = self.tenant(tenant)
+        removed_index = self.engine.backend.delete_document(internal_id(tenant, document_id))
+        row = self.store.delete_document(tenant, document_id)
+        if row is not None:
+            shutil.rmtree(Path(row.file_path).parent, ignore_errors=True)
         return bool(removed_index or row)
 

@@ -165,6 +165,23 @@ def test_the_checker_finds_a_cycle_and_a_layer_violation():
     assert layer_violations(graph) == ["evidentia.retriever.a (retriever) imports evidentia.reranker.b (reranker)"]
 
 
+def test_no_test_module_imports_another():
+    """Shared fixtures live in conftest.py and helpers in tests/utils, so every test
+    module can be read, run and moved on its own."""
+    tests = ROOT / "tests"
+    offenders = []
+    for path in sorted(tests.glob("test_*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for name in names:
+                last = name.rpartition(".")[2]
+                if last.startswith("test_") or last in ("conftest",):
+                    offenders.append(f"{path.name} imports {name}")
+    assert offenders == []
+
+
 if __name__ == "__main__":  # pragma: no cover - `python tests/test_architecture.py` prints the findings
     g = import_graph()
     for c in find_cycles(g):

@@ -333,7 +333,9 @@ def test_the_page_counts_pages_while_a_document_is_indexed(browser, tmp_path):
         sign_in(driver, srv.url, key)
         info = '#doc-list li[data-document-id="long-report"] .doc-info'
         counted = re.compile(r"indexing [1-9][0-9]* / 400 pages")
-        wait(driver, lambda d: any(counted.search(e.text) for e in d.find_elements("css selector", info)),
+        # read in one script call: the list is re-rendered every second, so elements go stale
+        wait(driver, lambda d: counted.search(d.execute_script(
+            f"return [...document.querySelectorAll('{info}')].map(e => e.textContent).join(' ')") or ""),
              "no page count while indexing", timeout=120)
         shots = os.environ.get("EVIDENTIA_UI_SCREENSHOTS")
         if shots:

@@ -57,7 +57,7 @@ def _limits(services: Services, body: ValidateRequest) -> tuple[list[str], RunCo
 
 
 def _external(doc_ids) -> list[str]:
-    return [(split_internal_id(d) or ("", d))[1] for d in doc_ids]
+    return [split_internal_id(d)[1] for d in doc_ids]
 
 
 @router.post(
@@ -135,7 +135,7 @@ async def validate(body: ValidateRequest, caller: Caller = Depends(require_tenan
         raise ApiError(503, "backend_unavailable", f"search engine error: {exc}") from None
 
     pages = [
-        ValidatedPage(document_id=(split_internal_id(p.doc_id) or ("", p.doc_id))[1], page=p.page,
+        ValidatedPage(document_id=split_internal_id(p.doc_id)[1], page=p.page,
                       score=round(p.score, 6),
                       probability=None if p.probability is None else round(p.probability, 6), snippet=p.snippet)
         for p in result.pages
