@@ -71,11 +71,11 @@ def test_embed_adds_vectors_from_the_stored_text(run, plain_index, cli_env):
     assert r.exit_code == 0, r.output
     assert "embedded 1 document(s), 5 page(s)" in r.stdout and "(onnx)" in r.stdout
     backend = TantivyBackend(cli_env / "index")
-    vectors = backend.page_vectors("default:report")  # the CLI's documents belong to the default tenant
+    vectors = backend.page_vectors("report")  # the default tenant keeps plain ids
     assert vectors is not None and sorted(set(vectors.pages.tolist())) == [1, 2, 4, 5]  # page 3 is empty
-    assert backend.page_vectors("default:other") is None  # only what was asked
-    assert backend.get_page("default:report", 2).text.startswith("Greenhouse")  # pages kept as they were
-    info = backend.get_document("default:report")
+    assert backend.page_vectors("other") is None  # only what was asked
+    assert backend.get_page("report", 2).text.startswith("Greenhouse")  # pages kept as they were
+    info = backend.get_document("report")
     assert info.pages == 5 and info.empty_pages == 1
     backend.close()
     # now hybrid finds the paraphrased page, with no note
@@ -94,7 +94,7 @@ def test_embed_adds_vectors_from_the_stored_text(run, plain_index, cli_env):
     r = run("index", plain_index / "report.pdf")
     assert r.exit_code == 0
     again = TantivyBackend(cli_env / "index")
-    assert np.allclose(again.page_vectors("default:report").vectors, vectors.vectors, atol=2e-3)
+    assert np.allclose(again.page_vectors("report").vectors, vectors.vectors, atol=2e-3)
 
 
 def test_embed_unknown_document(run, plain_index):
