@@ -66,9 +66,11 @@ def _external(doc_ids) -> list[str]:
                 "(`bm25`, `dense` or `hybrid`; default EVIDENTIA_STAGE), then reranks it. Every document must be "
                 "yours and `ready`. The `validation_id` of the answer is what POST /v1/feedback refers to.\n\n"
                 "`dense` and `hybrid` need EVIDENTIA_DENSE=on on the server (422 `validation_error` on `stage` "
-                "otherwise), and documents whose pages were embedded when they were uploaded: a document uploaded "
-                "while EVIDENTIA_DENSE was off answers 409 `missing_vectors` (upload it again, or use `bm25`), "
-                "one embedded with another EVIDENTIA_DENSE_MODEL 409 `vector_model_mismatch`.",
+                "otherwise), and documents whose pages were embedded when they were uploaded. The server's default "
+                "stage (hybrid, no `stage` sent) searches a document uploaded while EVIDENTIA_DENSE was off with "
+                "`bm25` and says so (`stage` `bm25`, `stage_note`); a `stage` sent explicitly answers 409 "
+                "`missing_vectors` for it (upload it again, or use `bm25`), and one embedded with another "
+                "EVIDENTIA_DENSE_MODEL 409 `vector_model_mismatch`.",
     responses={
         **errors(400, 401, 404, 409, 422, 429, 503, 504),
         409: {"model": ErrorResponse, "description": (
