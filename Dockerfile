@@ -9,6 +9,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 
+# Tesseract and its language packs: OCR of scanned pages (EVIDENTIA_OCR, indexer/ocr.py).
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends tesseract-ocr tesseract-ocr-eng tesseract-ocr-fra \
+       tesseract-ocr-deu tesseract-ocr-spa tesseract-ocr-ita tesseract-ocr-por tesseract-ocr-nld \
+    && rm -rf /var/lib/apt/lists/*
+
 # torch first, from the CPU wheel index: a plain `pip install` would pull the
 # multi-GB CUDA build. Its own layer, so code changes do not reinstall it.
 RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from evidentia.indexer.pdf import PdfError, extract_pages
-from evidentia.indexing import embed_document
+from evidentia.indexing import embed_document, unread_reason
 from evidentia.retriever.base import BackendError
 from evidentia.tenants import internal_id
 
@@ -42,6 +42,7 @@ class IndexingWorker:
         # (tenant, document_id) -> (pages done, pages in the document) while it is being
         # indexed: transient, so kept in memory rather than written to the store
         self._progress: dict[tuple[str, str], tuple[int, int]] = {}
+        self._ocr_done: dict[tuple[str, str], int] = {}  # pages OCR'd so far while extracting a scan
         self._progress_lock = threading.Lock()
 
     def progress(self, tenant: str, document_id: str) -> tuple[int, int] | None:
@@ -49,10 +50,21 @@ class IndexingWorker:
         with self._progress_lock:
             return self._progress.get((tenant, document_id))
 
+    def ocr_progress(self, tenant: str, document_id: str) -> int:
+        """Pages of a document being indexed that OCR has read so far (0 for digital PDFs)."""
+        with self._progress_lock:
+            return self._ocr_done.get((tenant, document_id), 0)
+
+    def _count_ocr_page(self, tenant: str, document_id: str) -> None:
+        with self._progress_lock:
+            key = (tenant, document_id)
+            self._ocr_done[key] = self._ocr_done.get(key, 0) + 1
+
     def _set_progress(self, tenant: str, document_id: str, done: int | None, total: int = 0) -> None:
         with self._progress_lock:
             if done is None:
                 self._progress.pop((tenant, document_id), None)
+                self._ocr_done.pop((tenant, document_id), None)
             else:
                 self._progress[(tenant, document_id)] = (done, total)
 
@@ -126,7 +138,9 @@ class IndexingWorker:
             return
         t0 = time.perf_counter()
         try:
-            document = extract_pages(Path(row.file_path), internal_id(tenant, document_id), services.detector)
+            document = extract_pages(Path(row.file_path), internal_id(tenant, document_id), services.detector,
+                                     ocr=services.engine.ocr,
+                                     on_ocr_page=lambda _read: self._count_ocr_page(tenant, document_id))
         except PdfError as exc:
             self._fail(tenant, document_id, generation, str(exc))
             return
@@ -168,7 +182,8 @@ class IndexingWorker:
                     reason = str(exc)
                 else:
                     store.set_status(tenant, document_id, generation, "ready", pages=document.page_count,
-                                     empty_pages=document.empty_pages, languages=document.languages)
+                                     empty_pages=document.empty_pages, languages=document.languages,
+                                     ocr=ocr_stats(document))
                     services.metrics.indexed.labels("ready").inc()
                     services.metrics.indexed_pages.inc(document.page_count)
                     services.metrics.indexing_seconds.observe(time.perf_counter() - t0)
@@ -177,3 +192,12 @@ class IndexingWorker:
             if self._stop.wait(2.0 ** attempt):
                 return  # shutting down: stays 'indexing', re-queued at the next start
         self._fail(tenant, document_id, generation, f"search engine error: {reason}; upload the file again")
+
+
+def ocr_stats(document) -> dict:
+    """What the document row keeps of how its pages were read (see indexer/ocr.py)."""
+    stats: dict = {"ocr_pages": document.ocr_pages, "unread_pages": document.unread_pages,
+                   "ocr_confidence": document.ocr_confidence, "ocr_seconds": round(document.ocr_seconds, 2)}
+    if document.unread_pages:
+        stats["unread_reason"] = unread_reason(document.ocr_problem)
+    return stats

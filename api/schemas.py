@@ -7,10 +7,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from evidentia.config import STAGES
+from evidentia.indexer.ocr import SOURCES
 from evidentia.reranker.registry import reranker_names
 
 Status = Literal["queued", "indexing", "ready", "failed"]
 Stage = Literal[STAGES]  # the same tuple the engine checks; a Literal so OpenAPI lists the values
+TextSource = Literal[SOURCES]  # how a page's text was obtained: indexer/ocr.py
 
 
 class ErrorDetail(BaseModel):
@@ -35,7 +37,8 @@ class DocumentAccepted(BaseModel):
 
 class IndexingProgress(BaseModel):
     pages_done: int = Field(..., description="Pages read and embedded so far.")
-    pages_total: int = Field(..., description="Pages in the document.")
+    pages_total: int = Field(..., description="Pages in the document (0 while its pages are still being read).")
+    ocr_pages: int = Field(0, description="Scanned pages read by OCR so far (OCR takes seconds a page).")
 
 
 class DocumentOut(BaseModel):
@@ -47,8 +50,15 @@ class DocumentOut(BaseModel):
     filename: str = Field(..., description="Name of the uploaded file.")
     size_bytes: int
     pages: int | None = Field(None, description="Page count, once indexed.")
-    empty_pages: int | None = Field(None, description="Pages without extractable text (scans, blank pages).")
+    empty_pages: int | None = Field(None, description="Pages without text (blank pages, and scans that were "
+                                    "not read: see unread_pages).")
     languages: dict[str, int] = Field(default_factory=dict, description="Detected language -> number of pages.")
+    ocr_pages: int | None = Field(None, description="Pages whose text was read by OCR (scans, junk text layers).")
+    ocr_confidence: float | None = Field(None, description="Mean OCR word confidence over the OCR'd pages, 0-100.")
+    unread_pages: int | None = Field(None, description="Pages that show something (a scan) but whose text could "
+                                     "not be obtained: their evidence cannot be found.")
+    unread_reason: str | None = Field(None, description="Why pages were left unread (OCR off, Tesseract missing, "
+                                      "OCR failed), and how to fix it.")
     created: str
     updated: str
 
@@ -63,6 +73,10 @@ class PageOut(BaseModel):
     text: str = Field(..., description="The page's cleaned text, as searched and reranked.")
     language: str | None = Field(None, description="ISO 639-1 code; null for empty or very short pages.")
     char_count: int
+    text_source: TextSource = Field("text", description="How the text was obtained: `text` (the PDF's text layer), "
+                                     "`ocr` (read from the page image), `unread` (a scan that was not read), "
+                                     "`none` (blank page).")
+    ocr_confidence: float | None = Field(None, description="Mean OCR word confidence, 0-100 (OCR'd pages only).")
 
 
 # -- validation ---------------------------------------------------------------

@@ -83,6 +83,7 @@ class Services:
         self.checks["store"] = "ok"
         self.uploads.mkdir(parents=True, exist_ok=True)
         self._sweep_files()
+        self.engine.ocr  # noqa: B018 (probes Tesseract now: a missing one is logged at start)
         self.worker.start()
         self._warmup = threading.Thread(target=self._warm, name="evidentia-warmup", daemon=True)
         self._warmup.start()

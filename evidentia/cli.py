@@ -59,9 +59,9 @@ def _index(ctx: Context, paths: list[Path], tenant: Optional[str] = None) -> int
     summary = library.index(tenant, paths)
     for failure in summary.failures:
         typer.echo(f"error: {failure.reason}", err=True)
-    cost = summary.embedding_line()
-    if cost:
-        typer.echo(cost, err=True)
+    for cost in (summary.ocr_line(), summary.embedding_line()):
+        if cost:
+            typer.echo(cost, err=True)
     if not files and not summary.failures:
         shown = ", ".join(str(p) for p in paths)
         typer.echo(f"no PDF found in {shown} (files ending in .pdf, folders searched recursively)", err=True)
@@ -172,20 +172,30 @@ def docs(tenant: Optional[str] = typer.Option(None, "--tenant", help="Only this 
     if as_json:
         typer.echo(json.dumps({"documents": [
             {"tenant": d.tenant, "doc_id": d.document_id, "pages": d.pages, "empty_pages": d.empty_pages,
-             "languages": d.languages}
+             "languages": d.languages, "ocr_pages": d.ocr_pages, "unread_pages": d.unread_pages,
+             "ocr_confidence": d.ocr_confidence}
             for d in found
         ]}))
         return
     if not found:
         typer.echo("no document indexed" + (f" for tenant {tenant}" if tenant else ""))
         return
-    typer.echo("tenant\tdocument\tpages\tempty\tlanguages (pages with text)")
+    scans = any(d.ocr_pages or d.unread_pages for d in found)  # OCR columns only where there are scans
+    typer.echo("tenant\tdocument\tpages\tempty\tlanguages (pages with text)"
+               + ("\tOCR pages (confidence)\tunread scans" if scans else ""))
     for d in found:
         langs = ", ".join(f"{k}:{v}" for k, v in d.languages.items()) or "-"
-        typer.echo(f"{d.tenant}\t{d.document_id}\t{d.pages}\t{d.empty_pages}\t{langs}")
+        line = f"{d.tenant}\t{d.document_id}\t{d.pages}\t{d.empty_pages}\t{langs}"
+        if scans:
+            conf = f" ({d.ocr_confidence:.0f})" if d.ocr_confidence is not None else ""
+            line += f"\t{d.ocr_pages}{conf}\t{d.unread_pages}"
+        typer.echo(line)
     if any(d.empty_pages for d in found):
-        typer.echo("empty pages have no extractable text (scans, pictures): they have no language and are not "
-                   "searched", err=True)
+        typer.echo("empty pages have no extractable text (blank pages, and scans not read): they have no "
+                   "language and are not searched", err=True)
+    if any(d.unread_pages for d in found):
+        typer.echo("unread scans: pages that show a scan but were not read (EVIDENTIA_OCR=off, Tesseract missing "
+                   "or over EVIDENTIA_OCR_TIMEOUT_S); index them again with OCR on", err=True)
 
 
 @app.command()

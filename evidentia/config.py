@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -21,6 +22,7 @@ BACKENDS = ("embedded", "elasticsearch")
 STAGES = ("bm25", "dense", "hybrid")
 # Where the embedder runs (evidentia/runtime.py, retriever/dense.py).
 RUNTIMES = ("auto", "onnx", "torch")
+OCR_MODES = ("on", "off", "force")
 PREFIX = "EVIDENTIA_"
 
 
@@ -94,6 +96,15 @@ def weights(raw: str) -> tuple[float, float]:
     return values  # type: ignore[return-value]
 
 
+def tesseract_languages(raw: str) -> str:
+    if not re.fullmatch(r"[A-Za-z_]+(\+[A-Za-z_]+)*", raw):
+        raise ValueError("Tesseract language names joined by +, e.g. eng+fra+deu")
+    return raw
+
+
+dpi = _number(int, lambda v: 72 <= v <= 600, "a resolution between 72 and 600")
+
+
 def setting(default: Any = None, help: str = "", *, parse: Callable[[str], Any] = text,
             env: tuple[str, ...] = (), shown: str | None = None, factory: Callable[[], Any] | None = None) -> Any:
     """Declare a setting: a dataclass field whose variable is ``EVIDENTIA_<NAME>``
@@ -151,6 +162,19 @@ class Settings:
                                                   shown="1,1")
     rrf_k: int = setting(60, "RRF constant k", parse=positive_int)
     hybrid_depth: int = setting(2, "each ranking fused is this many pool sizes deep", parse=positive_int)
+    # -- OCR of scanned pages (indexer/ocr.py)
+    ocr: str = setting("on", "OCR of pages without a usable text layer: `on` (where Tesseract is installed; "
+                       "elsewhere such pages stay unread and counted), `off`, or `force` (every page, replacing "
+                       "the text layer)", parse=choice(*OCR_MODES, aliases={
+                           "1": "on", "true": "on", "yes": "on", "0": "off", "false": "off", "no": "off"}))
+    ocr_languages: str = setting("eng+fra+deu+spa+ita+por+nld", "Tesseract languages for a page whose language is "
+                                 "not known yet (see Scanned pages)", parse=tesseract_languages)
+    ocr_dpi: int = setting(300, "resolution a page is rendered at for OCR (72-600)", parse=dpi)
+    ocr_timeout_s: float = setting(60.0, "OCR time limit per page; a page over it stays unread",
+                                   parse=positive_float)
+    tesseract: str = setting("tesseract", "the Tesseract command (a name on `PATH` or a path)")
+    tessdata: str | None = setting(None, "Tesseract's language data folder (default: its own, or "
+                                   "`TESSDATA_PREFIX`)")
     # -- LLM reranker: any OpenAI-compatible endpoint
     llm_model: str = setting("gpt-4o", "chat model name at the endpoint")
     llm_api_key: str | None = setting(None, "API key of the endpoint (or `OPENAI_API_KEY`)", env=("OPENAI_API_KEY",))

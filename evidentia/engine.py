@@ -12,6 +12,7 @@ evaluation, training and distillation all go through it::
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
@@ -28,7 +29,10 @@ from evidentia.retriever.base import MissingVectorsError, SearchBackend
 from evidentia.retriever.query import build_query
 from evidentia.retriever.stages import BM25Retriever, DenseRetriever, FirstStage, HybridRetriever
 
+log = logging.getLogger("evidentia.engine")
+
 if TYPE_CHECKING:  # pragma: no cover
+    from evidentia.indexer.ocr import OcrEngine
     from evidentia.indexing import IndexSummary
     from evidentia.retriever.dense import PageEmbedder
 
@@ -153,6 +157,7 @@ class Engine:
         self._backend = backend
         self._detector: LanguageDetector | None = None
         self._embedder = embedder
+        self._ocr: "OcrEngine | None" = None
         self._lock = threading.Lock()
         self.rerankers = RerankerCache(settings, factory=reranker_factory)
 
@@ -193,6 +198,20 @@ class Engine:
                     except ValueError as exc:
                         raise ConfigError(f"EVIDENTIA_DENSE_*: {exc}") from None
         return self._embedder
+
+    @property
+    def ocr(self) -> "OcrEngine":
+        """OCR of scanned pages while indexing (EVIDENTIA_OCR*): Tesseract is probed
+        once; where it is missing, scanned pages are indexed unread and counted."""
+        if self._ocr is None:
+            from evidentia.indexer.ocr import OcrEngine
+
+            with self._lock:
+                if self._ocr is None:
+                    self._ocr = OcrEngine.from_settings(self.settings)
+                    if self.settings.ocr != "off" and not self._ocr.available:
+                        log.warning("OCR unavailable, scanned pages will be indexed unread: %s", self._ocr.problem)
+        return self._ocr
 
     @property
     def indexing_embedder(self) -> "PageEmbedder | None":
@@ -338,7 +357,7 @@ class Engine:
 
         return index_paths_with_progress(paths, self.backend, self.detector, embedder=self.indexing_embedder,
                                          show=progress, doc_id_of=doc_id_of or (lambda path: path.stem),
-                                         every_s=self.settings.progress_interval_s)
+                                         every_s=self.settings.progress_interval_s, ocr=self.ocr)
 
     def missing_documents(self, doc_ids: Sequence[str]) -> list[str]:
         indexed = {d.doc_id for d in self.backend.list_documents()}

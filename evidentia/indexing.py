@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from evidentia.language import LanguageDetector
+from evidentia.indexer.ocr import INSTALL_HINT, MISSING_PROBLEMS, OcrEngine, PageText
 from evidentia.indexer.pdf import PdfError, extract_pages
 from evidentia.records import Document
 from evidentia.retriever.base import SearchBackend
@@ -32,11 +33,37 @@ class IndexSummary:
     sources: dict[str, Path] = field(default_factory=dict)  # doc id -> the file it was indexed from
     embedded_pages: int = 0  # pages run through the embedding model (0 with EVIDENTIA_DENSE=off)
     embed_seconds: float = 0.0  # time spent embedding, included in seconds
-    seconds: float = 0.0  # the whole run: extraction, embedding, writing
+    seconds: float = 0.0  # the whole run: extraction, OCR, embedding, writing
+    ocr_pages: int = 0  # pages whose text was read by OCR
+    ocr_seconds: float = 0.0  # time spent in OCR, included in seconds
+    unread_pages: int = 0  # pages that show something but were not read (OCR off, no Tesseract, OCR failed)
+    unread_reason: str = ""  # why, one line (the first reason met)
 
     def line(self) -> str:
         return (f"{self.documents} document(s), {self.pages} page(s) indexed, "
                 f"{self.empty_pages} empty page(s) (no extractable text), {len(self.failures)} failure(s)")
+
+    def ocr_line(self) -> str | None:
+        """What OCR did and cost, and the pages it could not read; None when no page needed it."""
+        parts = []
+        if self.ocr_pages:
+            rate = self.ocr_pages / self.ocr_seconds if self.ocr_seconds > 0 else 0.0
+            parts.append(f"OCR: {self.ocr_pages} page(s) read in {self.ocr_seconds:.1f} s ({rate:.2f} pages/s)")
+        if self.unread_pages:
+            parts.append(f"{self.unread_pages} page(s) not read: {self.unread_reason or 'no usable text layer'}")
+        return "; ".join(parts) or None
+
+    def add_document(self, document: Document) -> None:
+        """Count an indexed document."""
+        self.documents += 1
+        self.pages += document.page_count
+        self.empty_pages += document.empty_pages
+        self.ocr_pages += document.ocr_pages
+        self.ocr_seconds += document.ocr_seconds
+        self.unread_pages += document.unread_pages
+        if document.unread_pages and not self.unread_reason:
+            self.unread_reason = unread_reason(document.ocr_problem)
+        self.doc_ids.append(document.doc_id)
 
     def embedding_line(self) -> str | None:
         """What the embeddings cost, or None when none were computed."""
@@ -46,6 +73,13 @@ class IndexSummary:
         share = f", {100 * self.embed_seconds / self.seconds:.0f}% of indexing time" if self.seconds > 0 else ""
         return (f"embeddings: {self.embedded_pages} page(s) in {self.embed_seconds:.1f} s "
                 f"({rate:.1f} pages/s{share}); EVIDENTIA_DENSE=off skips them")
+
+
+def unread_reason(problem: str) -> str:
+    """The reason pages were left unread, with how to fix it where Tesseract is missing."""
+    if problem.startswith(MISSING_PROBLEMS):
+        return f"they look scanned and {problem}; {INSTALL_HINT}"
+    return problem
 
 
 def find_pdfs(paths: Iterable[Path]) -> tuple[list[Path], list[IndexFailure]]:
@@ -73,9 +107,9 @@ def embed_document(document: Document, embedder: "PageEmbedder | None",
 
 
 def index_pdf(path: Path, backend: SearchBackend, detector: LanguageDetector, doc_id: str | None = None,
-              embedder: "PageEmbedder | None" = None):
+              embedder: "PageEmbedder | None" = None, ocr: OcrEngine | None = None):
     """Extract (and embed), then write in one step: a PDF that fails leaves nothing behind."""
-    document = extract_pages(Path(path), doc_id or Path(path).stem, detector)
+    document = extract_pages(Path(path), doc_id or Path(path).stem, detector, ocr=ocr)
     document = embed_document(document, embedder)
     backend.index_document(document)
     return document
@@ -88,12 +122,16 @@ def index_paths(
     on_document: Callable[[Path, int], None] | None = None,
     embedder: "PageEmbedder | None" = None,
     on_embedded: Callable[[int], None] | None = None,
+    ocr: OcrEngine | None = None,
+    on_ocr_page: Callable[[PageText], None] | None = None,
     doc_id_of: Callable[[Path], str] = lambda path: path.stem,
 ) -> IndexSummary:
     """Index every PDF under ``paths``; bad files are recorded, the rest still indexed.
     ``on_document(path, pages)`` is called after each file (pages = 0 on failure).
     With an ``embedder``, each document's pages are embedded (in batches) before
-    it is written, and ``on_embedded(pages)`` reports pages as they are done."""
+    it is written, and ``on_embedded(pages)`` reports pages as they are done.
+    ``ocr`` reads pages without a usable text layer (None: they stay unread and
+    counted); ``on_ocr_page`` reports each page OCR'd."""
     t_start = time.perf_counter()
     files, failures = find_pdfs(paths)
     summary = IndexSummary(failures=failures)
@@ -112,7 +150,7 @@ def index_paths(
                     f"in this run (rename one of the files)")))
             else:
                 try:
-                    document = extract_pages(Path(path), doc_id, detector)
+                    document = extract_pages(Path(path), doc_id, detector, ocr=ocr, on_ocr_page=on_ocr_page)
                 except PdfError as exc:
                     summary.failures.append(IndexFailure(str(path), str(exc)))
                 else:
@@ -121,10 +159,7 @@ def index_paths(
                         document = embed_document(document, embedder, on_embedded)
                         summary.embed_seconds += time.perf_counter() - t0
                         summary.embedded_pages += document.page_count
-                    summary.documents += 1
-                    summary.pages += document.page_count
-                    summary.empty_pages += document.empty_pages
-                    summary.doc_ids.append(document.doc_id)
+                    summary.add_document(document)
                     summary.sources[document.doc_id] = Path(path)
                     indexed_from[document.doc_id] = path
                     pages = document.page_count
@@ -142,18 +177,26 @@ def index_paths(
 def index_paths_with_progress(paths: Sequence[Path], backend: SearchBackend, detector: LanguageDetector,
                               embedder: "PageEmbedder | None" = None, show: bool = True,
                               doc_id_of: Callable[[Path], str] = lambda path: path.stem,
-                              every_s: float = 10.0) -> IndexSummary:
+                              every_s: float = 10.0, ocr: OcrEngine | None = None) -> IndexSummary:
     """``index_paths`` with its progress on stderr (a bar on a terminal, a line every
-    ``every_s`` seconds otherwise): documents, pages indexed and pages embedded
-    (the slow part on a CPU)."""
+    ``every_s`` seconds otherwise): documents, pages indexed, pages OCR'd and pages
+    embedded (OCR and embedding are the slow parts on a CPU)."""
     from evidentia.progress import Progress
 
     files, _ = find_pdfs(paths)
     with Progress(len(files), "indexing", "documents", show=show, every_s=every_s) as bar:
-        pages_done = embedded = 0
+        pages_done = embedded = ocr_done = 0
+        ocr_seconds = 0.0
 
         def refresh() -> None:
-            bar.note(f"{pages_done} pages" + (f", {embedded} embedded" if embedder else ""))
+            ocr_part = f", {ocr_done} OCR'd ({ocr_seconds / ocr_done:.1f} s/page)" if ocr_done else ""
+            bar.note(f"{pages_done} pages{ocr_part}" + (f", {embedded} embedded" if embedder else ""))
+
+        def on_ocr_page(read: PageText) -> None:
+            nonlocal ocr_done, ocr_seconds
+            ocr_done += 1
+            ocr_seconds += read.seconds
+            refresh()
 
         def on_document(path: Path, pages: int) -> None:
             nonlocal pages_done
@@ -167,4 +210,4 @@ def index_paths_with_progress(paths: Sequence[Path], backend: SearchBackend, det
             refresh()
 
         return index_paths(paths, backend, detector, on_document=on_document, embedder=embedder,
-                           on_embedded=on_embedded, doc_id_of=doc_id_of)
+                           on_embedded=on_embedded, ocr=ocr, on_ocr_page=on_ocr_page, doc_id_of=doc_id_of)

@@ -46,6 +46,9 @@ class LibraryDocument:
     empty_pages: int
     languages: dict[str, int] = field(default_factory=dict)
     status: str = "ready"
+    ocr_pages: int = 0  # pages read by OCR
+    unread_pages: int = 0  # scans that were not read (OCR off, no Tesseract, OCR failed)
+    ocr_confidence: float | None = None  # mean over the OCR'd pages, 0-100
 
 
 class Library:
@@ -95,7 +98,9 @@ class Library:
         info = self.engine.backend.get_document(doc_id)
         self.store.set_status(tenant, document_id, generation, "ready", pages=info.pages if info else None,
                               empty_pages=info.empty_pages if info else None,
-                              languages=info.languages if info else None)
+                              languages=info.languages if info else None,
+                              ocr={"ocr_pages": info.ocr_pages, "unread_pages": info.unread_pages,
+                                   "ocr_confidence": info.ocr_confidence} if info else None)
         if old is not None and Path(old.file_path).parent != folder:
             shutil.rmtree(Path(old.file_path).parent, ignore_errors=True)
 
@@ -108,7 +113,9 @@ class Library:
             owner, document_id = split_internal_id(info.doc_id)
             if wanted is not None and owner != wanted:
                 continue
-            out.append(LibraryDocument(owner, document_id, info.pages, info.empty_pages, dict(info.languages)))
+            out.append(LibraryDocument(owner, document_id, info.pages, info.empty_pages, dict(info.languages),
+                                       ocr_pages=info.ocr_pages, unread_pages=info.unread_pages,
+                                       ocr_confidence=info.ocr_confidence))
         return sorted(out, key=lambda d: (d.tenant, d.document_id))
 
     def resolve(self, tenant: str | None, document_ids: Sequence[str]) -> list[str]:

@@ -16,6 +16,15 @@ class Page:
     text: str  # cleaned text: what is shown, searched and reranked
     language: str | None  # ISO 639-1 code, None for empty or too-short pages
     char_count: int
+    # How the text was obtained (see indexer/ocr.py): "text" (the PDF's text layer),
+    # "ocr", "unread" (shows something but was not read: OCR off, no Tesseract, OCR
+    # failed) or "none" (blank). Empty: derived, "text" when there is text, else "none".
+    text_source: str = ""
+    ocr_confidence: float | None = None  # mean Tesseract word confidence (0-100), OCR'd pages only
+
+    def __post_init__(self) -> None:
+        if not self.text_source:
+            object.__setattr__(self, "text_source", "text" if self.char_count else "none")
 
     @property
     def is_empty(self) -> bool:
@@ -51,6 +60,8 @@ class Document:
     source: str = ""  # file name it came from
     # Page embeddings computed at indexing time; None when indexed without (EVIDENTIA_DENSE=off).
     vectors: PageVectors | None = field(default=None, compare=False, repr=False)
+    ocr_seconds: float = field(default=0.0, compare=False)  # time spent in OCR while extracting
+    ocr_problem: str = field(default="", compare=False)  # why pages were left unread (first reason), if any
 
     @property
     def page_count(self) -> int:
@@ -59,6 +70,21 @@ class Document:
     @property
     def empty_pages(self) -> int:
         return sum(1 for p in self.pages if p.is_empty)
+
+    @property
+    def ocr_pages(self) -> int:
+        return sum(1 for p in self.pages if p.text_source == "ocr")
+
+    @property
+    def unread_pages(self) -> int:
+        """Pages that show something but whose text was not obtained."""
+        return sum(1 for p in self.pages if p.text_source == "unread")
+
+    @property
+    def ocr_confidence(self) -> float | None:
+        """Mean OCR confidence over the OCR'd pages that have one."""
+        values = [p.ocr_confidence for p in self.pages if p.ocr_confidence is not None]
+        return round(sum(values) / len(values), 1) if values else None
 
     @property
     def languages(self) -> dict[str, int]:
@@ -78,6 +104,9 @@ class DocumentInfo:
     empty_pages: int
     languages: dict[str, int] = field(default_factory=dict)
     source: str = ""
+    ocr_pages: int = 0  # pages whose text comes from OCR
+    unread_pages: int = 0  # pages that show something but were not read (see Page.text_source)
+    ocr_confidence: float | None = None  # mean over the OCR'd pages (0-100)
 
 
 @dataclass(frozen=True)

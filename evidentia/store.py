@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: documents.ocr (how many pages were OCR'd / left unread)
 
 TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 DOCUMENT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -53,6 +53,7 @@ CREATE TABLE IF NOT EXISTS documents (
     pages INTEGER,
     empty_pages INTEGER,
     languages TEXT NOT NULL DEFAULT '{}',
+    ocr TEXT NOT NULL DEFAULT '{}',
     filename TEXT NOT NULL,
     size_bytes INTEGER NOT NULL,
     file_path TEXT NOT NULL,
@@ -152,6 +153,8 @@ class DocumentRow:
     generation: str
     created: str
     updated: str
+    # {"ocr_pages": n, "unread_pages": n, "ocr_confidence": x}; {} before indexing
+    ocr: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -205,9 +208,11 @@ class Store:
             self._conn.execute("PRAGMA foreign_keys=ON")
             self._conn.execute("PRAGMA busy_timeout=10000")
             version = self._conn.execute("PRAGMA user_version").fetchone()[0]
-            if version not in (0, SCHEMA_VERSION):
+            if version not in (0, 1, SCHEMA_VERSION):
                 raise StoreError(f"{self.path} has schema version {version}, this Evidentia needs "
                                  f"{SCHEMA_VERSION}")
+            if version == 1:  # documents gained the ocr column; rows indexed before say nothing
+                self._conn.execute("ALTER TABLE documents ADD COLUMN ocr TEXT NOT NULL DEFAULT '{}'")
             # CREATE ... IF NOT EXISTS: idempotent, so a crash half-way is redone next start
             self._conn.executescript(_SCHEMA)
             self._conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
@@ -304,7 +309,7 @@ class Store:
         return DocumentRow(
             tenant=row["tenant"], document_id=row["document_id"], status=row["status"], reason=row["reason"],
             pages=row["pages"], empty_pages=row["empty_pages"], languages=json.loads(row["languages"] or "{}"),
-            filename=row["filename"], size_bytes=row["size_bytes"], file_path=row["file_path"],
+            ocr=json.loads(row["ocr"] or "{}"), filename=row["filename"], size_bytes=row["size_bytes"], file_path=row["file_path"],
             generation=row["generation"], created=row["created"], updated=row["updated"],
         )
 
@@ -321,7 +326,7 @@ class Store:
                 "filename, size_bytes, file_path, generation, created, updated) "
                 "VALUES (?, ?, 'queued', NULL, NULL, NULL, '{}', ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (tenant, document_id) DO UPDATE SET status = 'queued', reason = NULL, pages = NULL, "
-                "empty_pages = NULL, languages = '{}', filename = excluded.filename, "
+                "empty_pages = NULL, languages = '{}', ocr = '{}', filename = excluded.filename, "
                 "size_bytes = excluded.size_bytes, file_path = excluded.file_path, "
                 "generation = excluded.generation, updated = excluded.updated",
                 (tenant, document_id, filename, size_bytes, file_path, generation, ts, ts),
@@ -356,16 +361,16 @@ class Store:
 
     def set_status(self, tenant: str, document_id: str, generation: str, status: str, reason: str | None = None,
                    pages: int | None = None, empty_pages: int | None = None,
-                   languages: dict[str, int] | None = None) -> bool:
+                   languages: dict[str, int] | None = None, ocr: dict | None = None) -> bool:
         """Update a document's status, only if it is still the upload ``generation``
         (a newer upload or a delete wins). False when it no longer is."""
         assert status in STATUSES
         with self._tx() as c:
             cur = c.execute(
-                "UPDATE documents SET status = ?, reason = ?, pages = ?, empty_pages = ?, languages = ?, updated = ? "
-                "WHERE tenant = ? AND document_id = ? AND generation = ?",
-                (status, reason, pages, empty_pages, json.dumps(languages or {}), now(), tenant, document_id,
-                 generation),
+                "UPDATE documents SET status = ?, reason = ?, pages = ?, empty_pages = ?, languages = ?, ocr = ?, "
+                "updated = ? WHERE tenant = ? AND document_id = ? AND generation = ?",
+                (status, reason, pages, empty_pages, json.dumps(languages or {}), json.dumps(ocr or {}), now(),
+                 tenant, document_id, generation),
             )
             return cur.rowcount > 0
 

@@ -69,7 +69,7 @@ NEUTRAL_FIELD = "body"
 MAPPING_RESOURCE = "pages.json"
 # Must equal mappings._meta.evidentia_schema_version in es_mappings/pages.json;
 # an index of another version is refused instead of being silently misread.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # 3: pages store how their text was obtained (text_source, ocr_confidence)
 _PAGE_SOURCE = ["doc_id", "page", "text", "language"]
 VECTOR_FIELD = "windows.vector"
 # kNN candidates per shard: HNSW explores this many before keeping the best top_k
@@ -110,6 +110,9 @@ def document_meta(document: Document) -> dict:
         "empty_pages": document.empty_pages,
         "languages": document.languages,
         "source": document.source,
+        "ocr_pages": document.ocr_pages,
+        "unread_pages": document.unread_pages,
+        "ocr_confidence": document.ocr_confidence,
     }
     if document.vectors is not None:
         meta["vectors"] = {"model": document.vectors.model, "dim": document.vectors.dim,
@@ -138,7 +141,10 @@ def page_source(page: Page, generation: str, windows: list[list[float]] | None =
         "char_count": page.char_count,
         "raw_text": page.raw_text,
         "text": page.text,
+        "text_source": page.text_source,
     }
+    if page.ocr_confidence is not None:
+        src["ocr_confidence"] = page.ocr_confidence
     if page.language:
         src["language"] = page.language
     if page.text:
@@ -179,7 +185,9 @@ def record_source(document: Document, generation: str) -> dict:
 def info_from_record(doc_id: str, source: Mapping) -> DocumentInfo:
     m = source.get("meta") or {}
     return DocumentInfo(doc_id=doc_id, pages=m["pages"], empty_pages=m["empty_pages"],
-                        languages=m.get("languages", {}), source=m.get("source", ""))
+                        languages=m.get("languages", {}), source=m.get("source", ""),
+                        ocr_pages=m.get("ocr_pages", 0), unread_pages=m.get("unread_pages", 0),
+                        ocr_confidence=m.get("ocr_confidence"))
 
 
 def page_from_source(source: Mapping) -> Page:
@@ -190,6 +198,8 @@ def page_from_source(source: Mapping) -> Page:
         text=source.get("text", ""),
         language=source.get("language") or None,
         char_count=source.get("char_count", 0),
+        text_source=source.get("text_source", ""),
+        ocr_confidence=source.get("ocr_confidence"),
     )
 
 

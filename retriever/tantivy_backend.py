@@ -43,7 +43,7 @@ TOKEN_PATTERN = r"\p{N}+(?:\.\p{N}+)?|[\p{L}\p{N}]+"
 NEUTRAL_FIELD = "body"
 # Bumped whenever the schema or the analysis changes; an index of another
 # version is refused with a message instead of being silently misread.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # 3: pages store how their text was obtained (text_source, ocr_confidence)
 
 
 VECTORS_DIR = "vectors"
@@ -78,6 +78,8 @@ def _build_schema() -> tantivy.Schema:
     sb.add_integer_field("page", stored=True, indexed=True, fast=True)
     sb.add_text_field("language", stored=True, tokenizer_name="raw")
     sb.add_integer_field("char_count", stored=True)
+    sb.add_text_field("text_source", stored=True, tokenizer_name="raw")  # text, ocr, unread, none
+    sb.add_float_field("ocr_confidence", stored=True)  # OCR'd pages only
     sb.add_bytes_field("raw_text", stored=True)
     sb.add_bytes_field("text", stored=True)
     sb.add_bytes_field("meta", stored=True)  # document records: JSON summary
@@ -101,6 +103,13 @@ def _register_analyzers(index: tantivy.Index) -> None:
             .filter(Filter.stemmer(name))
             .build(),
         )
+
+
+def _info(doc_id: str, meta: dict) -> DocumentInfo:
+    return DocumentInfo(doc_id=doc_id, pages=meta["pages"], empty_pages=meta["empty_pages"],
+                        languages=meta.get("languages", {}), source=meta.get("source", ""),
+                        ocr_pages=meta.get("ocr_pages", 0), unread_pages=meta.get("unread_pages", 0),
+                        ocr_confidence=meta.get("ocr_confidence"))
 
 
 class TantivyBackend(SearchBackend):
@@ -198,6 +207,9 @@ class TantivyBackend(SearchBackend):
             "empty_pages": document.empty_pages,
             "languages": document.languages,
             "source": document.source,
+            "ocr_pages": document.ocr_pages,
+            "unread_pages": document.unread_pages,
+            "ocr_confidence": document.ocr_confidence,
         }
         if vector_meta:
             meta["vectors"] = vector_meta
@@ -257,7 +269,10 @@ class TantivyBackend(SearchBackend):
             char_count=page.char_count,
             raw_text=page.raw_text.encode("utf-8", "replace"),
             text=page.text.encode("utf-8", "replace"),
+            text_source=page.text_source,
         )
+        if page.ocr_confidence is not None:
+            fields["ocr_confidence"] = float(page.ocr_confidence)
         if page.language:
             fields["language"] = page.language
         if page.text:
@@ -306,18 +321,11 @@ class TantivyBackend(SearchBackend):
         return found[0][1] if found else None
 
     def list_documents(self) -> list[DocumentInfo]:
-        return [
-            DocumentInfo(doc_id=d, pages=m["pages"], empty_pages=m["empty_pages"],
-                         languages=m.get("languages", {}), source=m.get("source", ""))
-            for d, m in self._doc_records()
-        ]
+        return [_info(d, m) for d, m in self._doc_records()]
 
     def get_document(self, doc_id: str) -> DocumentInfo | None:
         m = self._doc_record(doc_id)
-        if m is None:
-            return None
-        return DocumentInfo(doc_id=doc_id, pages=m["pages"], empty_pages=m["empty_pages"],
-                            languages=m.get("languages", {}), source=m.get("source", ""))
+        return None if m is None else _info(doc_id, m)
 
     def get_page(self, doc_id: str, page: int) -> Page | None:
         searcher = self._searcher()
@@ -341,6 +349,8 @@ class TantivyBackend(SearchBackend):
             text=bytes(doc["text"][0]).decode("utf-8"),
             language=language,
             char_count=doc["char_count"][0],
+            text_source=doc["text_source"][0] if doc["text_source"] else "",
+            ocr_confidence=doc["ocr_confidence"][0] if doc["ocr_confidence"] else None,
         )
 
     def search(self, keywords: Sequence[str], doc_ids: Sequence[str], top_k: int) -> list[Candidate]:

@@ -275,10 +275,11 @@ def test_page_actions():
     assert first == {
         "kind": "page", "doc_id": "x", "generation": "gen1", "page": 1, "char_count": 23,
         "raw_text": "Capex of $1,577 million", "text": "Capex of $1,577 million", "language": "en",
-        "body": "Capex of $1577 million", "body_en": "Capex of $1577 million",
+        "body": "Capex of $1577 million", "body_en": "Capex of $1577 million", "text_source": "text",
     }
     assert second["body"] == "tekst" and not any(k.startswith("body_") for k in second)
     assert "body" not in third and "language" not in third and third["char_count"] == 0
+    assert third["text_source"] == "none" and "ocr_confidence" not in third
 
 
 def test_record_source_and_info_roundtrip():
@@ -286,7 +287,8 @@ def test_record_source_and_info_roundtrip():
             page("x", 3, "g h i", language="fr"), empty("x", 4), source="x.pdf")
     rec = esb.record_source(d, "gen1")
     assert rec["kind"] == "doc" and rec["generation"] == "gen1" and rec["doc_id"] == "x"
-    assert rec["meta"] == {"pages": 4, "empty_pages": 1, "languages": {"fr": 2, "en": 1}, "source": "x.pdf"}
+    assert rec["meta"] == {"pages": 4, "empty_pages": 1, "languages": {"fr": 2, "en": 1}, "source": "x.pdf",
+                           "ocr_pages": 0, "unread_pages": 0, "ocr_confidence": None}
     assert esb.info_from_record("x", rec) == DocumentInfo("x", 4, 1, {"fr": 2, "en": 1}, "x.pdf")
     src = esb.page_actions("i", d, "g")[0]["_source"]
     assert esb.page_from_source(src) == d.pages[0]

@@ -466,7 +466,7 @@ def test_mapping_has_nested_window_vectors():
     assert props["windows"] == {"type": "nested", "properties": {
         "vector": {"type": "dense_vector", "index": True, "similarity": "cosine"}}}
     assert "windows" in mapping["mappings"]["_source"]["excludes"]
-    assert mapping["mappings"]["_meta"]["evidentia_schema_version"] == esb.SCHEMA_VERSION == 2
+    assert mapping["mappings"]["_meta"]["evidentia_schema_version"] == esb.SCHEMA_VERSION == 3
 
 
 def test_page_actions_carry_each_pages_windows():

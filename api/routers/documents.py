@@ -34,10 +34,16 @@ DocumentId = PathParam(..., description="Your document id.", examples=["acme-202
 
 def to_out(row: DocumentRow, services: Services | None = None) -> DocumentOut:
     progress = services.worker.progress(row.tenant, row.document_id) if services and row.status == "indexing" else None
+    ocr_done = services.worker.ocr_progress(row.tenant, row.document_id) if services and row.status == "indexing" else 0
+    if progress is None and ocr_done:  # still extracting: OCR of a scan
+        progress = (0, 0)
     return DocumentOut(document_id=row.document_id, status=row.status, reason=row.reason, filename=row.filename,
-                       progress=IndexingProgress(pages_done=progress[0], pages_total=progress[1]) if progress else None,
+                       progress=IndexingProgress(pages_done=progress[0], pages_total=progress[1],
+                                                 ocr_pages=ocr_done) if progress else None,
                        size_bytes=row.size_bytes, pages=row.pages, empty_pages=row.empty_pages,
-                       languages=row.languages, created=row.created, updated=row.updated)
+                       languages=row.languages, ocr_pages=row.ocr.get("ocr_pages"),
+                       ocr_confidence=row.ocr.get("ocr_confidence"), unread_pages=row.ocr.get("unread_pages"),
+                       unread_reason=row.ocr.get("unread_reason"), created=row.created, updated=row.updated)
 
 
 def find_document(services: Services, caller: Caller, document_id: str) -> DocumentRow:
@@ -269,4 +275,4 @@ async def page_text(
         raise ApiError(409, "document_gone", f"page {page} of {document_id} is not in the index; upload the "
                        f"document again", {"document_id": document_id, "page": page})
     return PageOut(document_id=document_id, page=page, text=found.text, language=found.language,
-                   char_count=found.char_count)
+                   char_count=found.char_count, text_source=found.text_source, ocr_confidence=found.ocr_confidence)

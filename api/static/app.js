@@ -174,10 +174,19 @@ function setDocuments(documents) {
 function statusText(d) {
   if (d.status === "ready") {
     const pages = d.pages === 1 ? "1 page" : `${d.pages} pages`;
-    return d.empty_pages ? `${pages}, ${d.empty_pages} without text` : pages;
+    const parts = [pages];
+    if (d.ocr_pages) {
+      const conf = d.ocr_confidence == null ? "" : ` (confidence ${Math.round(d.ocr_confidence)}%)`;
+      parts.push(`${d.ocr_pages} read by OCR${conf}`);
+    }
+    if (d.unread_pages) parts.push(`${d.unread_pages} scanned page${d.unread_pages === 1 ? "" : "s"} not read`);
+    const blank = (d.empty_pages || 0) - (d.unread_pages || 0);
+    if (blank > 0) parts.push(`${blank} without text`);
+    return parts.join(", ");
   }
   if (d.status === "failed") return d.reason || "indexing failed";
   if (d.status === "queued") return "waiting to be indexed…";
+  if (d.progress && !d.progress.pages_total) return `reading scans by OCR: ${d.progress.ocr_pages} pages…`;
   if (d.progress) return `indexing ${d.progress.pages_done} / ${d.progress.pages_total} pages…`;
   return "indexing…";
 }
@@ -433,6 +442,8 @@ function resultItem(page, rank, result) {
   score.className = "score";
   score.textContent = formatScore(page, result);
   meta.append(rankEl, where, score);
+  const doc = state.documents.find((d) => d.document_id === page.document_id);
+  if (doc && doc.ocr_pages) addSourceBadge(meta, page);
 
   const snippet = document.createElement("p");
   snippet.className = "snippet";
@@ -484,6 +495,35 @@ async function sendFeedback(page, relevant, { yes, no, status }) {
     status.textContent = `Not recorded: ${friendly(err)}`;
   } finally {
     yes.disabled = no.disabled = false;
+  }
+}
+
+// A badge saying a page's text was read by OCR (with Tesseract's confidence) or
+// not read at all: the analyst should check such text against the image.
+function sourceBadge(data) {
+  if (data.text_source !== "ocr" && data.text_source !== "unread") return null;
+  const badge = document.createElement("span");
+  badge.className = `badge badge-${data.text_source}`;
+  if (data.text_source === "ocr") {
+    const conf = data.ocr_confidence == null ? "" : ` ${Math.round(data.ocr_confidence)}%`;
+    badge.textContent = `OCR${conf}`;
+    badge.title = "Text read from the page image by OCR" +
+      (data.ocr_confidence == null ? "" : `, mean word confidence ${data.ocr_confidence.toFixed(1)}%`) +
+      ": check it against the image.";
+  } else {
+    badge.textContent = "not read";
+    badge.title = "A scanned page whose text could not be read (OCR off or unavailable): it cannot be found by search.";
+  }
+  return badge;
+}
+
+async function addSourceBadge(container, page) {
+  try {
+    const data = await api(`${docPath(page.document_id)}/pages/${page.page}`);
+    const badge = sourceBadge(data);
+    if (badge) container.append(badge);
+  } catch (err) {
+    // the badge is a hint; the card works without it
   }
 }
 
@@ -560,8 +600,13 @@ async function openViewer(page) {
     const data = await api(`${docPath(page.document_id)}/pages/${page.page}`);
     if (token !== viewerToken) return;
     text.replaceChildren();
-    if (!data.text) text.textContent = "(this page has no extractable text: a scan or a blank page)";
-    else appendHighlighted(text, data.text, state.terms);
+    const badge = sourceBadge(data);
+    if (badge) $("viewer-title").append(" ", badge);
+    if (!data.text) {
+      text.textContent = data.text_source === "unread"
+        ? "(a scanned page whose text was not read: OCR is off or Tesseract is not installed)"
+        : "(this page has no text: a blank page)";
+    } else appendHighlighted(text, data.text, state.terms);
   } catch (err) {
     if (token === viewerToken) text.textContent = `The text could not be loaded: ${friendly(err)}`;
   }

@@ -1,0 +1,424 @@
+"""OCR of scanned pages (indexer/ocr.py): scans are generated here by writing real
+text on a page, rendering it and building an image-only PDF. Tests that run
+Tesseract skip where it (or a language pack) is not installed; the tests of a
+missing Tesseract point the engine at a binary that does not exist and always run."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import time
+from pathlib import Path
+
+import pymupdf
+import pytest
+from typer.testing import CliRunner
+
+from evidentia.config import ConfigError, Settings
+from evidentia.indexer import ocr as ocr_mod
+from evidentia.language import LanguageDetector
+from evidentia.indexer.ocr import OcrEngine, is_garbage, parse_tsv, read_page
+from evidentia.indexer.pdf import extract_pages
+from evidentia.indexing import embed_document, index_paths
+from evidentia.records import Document, Page
+from evidentia.retriever import elasticsearch_backend as esb
+from evidentia.retriever.tantivy_backend import TantivyBackend
+
+TEXTS = {
+    "en": ("Environmental management certificate. The company Northwind Metals operates an environmental "
+           "management system that meets the requirements of ISO 14001 for the production of copper wire. "
+           "Greenhouse gas emissions are measured every year and reduced by recycling the scrap."),
+    "fr": ("Certificat de management environnemental. La société Dupont et Fils applique un système de "
+           "management environnemental conforme aux exigences de la norme pour la fabrication de câbles. "
+           "Les émissions de gaz à effet de serre sont mesurées chaque année et réduites."),
+    "de": ("Zertifikat für Umweltmanagement. Die Firma Müller und Söhne betreibt ein Umweltmanagementsystem, "
+           "das die Anforderungen der Norm für die Herstellung von Kupferdraht erfüllt. Die Treibhausgasemissionen "
+           "werden jedes Jahr gemessen und durch die Wiederverwertung der Abfälle gesenkt."),
+}
+FILLER = ("The board meets four times a year; its members are elected by the shareholders for three years. "
+          "Customer support answers requests by telephone and chat from eight in the morning until six.")
+WORD = re.compile(r"[^\W\d_]{3,}")
+
+TESSERACT = OcrEngine.probe(dpi=150)  # 12-point text reads as well at 150 dpi, twice as fast
+needs_tesseract = pytest.mark.skipif(
+    not {"eng", "fra", "deu"} <= set(TESSERACT.installed),
+    reason=f"Tesseract with eng, fra and deu is not installed ({TESSERACT.problem or TESSERACT.installed}); "
+           f"{ocr_mod.INSTALL_HINT}")
+MISSING = OcrEngine.probe(command="/nonexistent/bin/tesseract")
+
+
+def words(text: str) -> list[str]:
+    return [w.lower() for w in WORD.findall(text)]
+
+
+def write_page(doc: pymupdf.Document, text: str) -> pymupdf.Page:
+    page = doc.new_page(width=420, height=300)  # A6 landscape: quick to OCR
+    page.insert_textbox(pymupdf.Rect(24, 24, 396, 280), text, fontsize=12, fontname="helv")
+    return page
+
+
+def scanned_pdf(path: Path, pages: list[str | None], dpi: int = 150, junk_layer: str | None = None) -> Path:
+    """An image-only PDF: each entry rendered to a picture (None: a page with a text layer
+    of FILLER, as a digital page among scans). ``junk_layer`` puts invisible glyph junk
+    over each scan, like a broken font without a Unicode map."""
+    out = pymupdf.open()
+    for text in pages:
+        if text is None:
+            write_page(out, FILLER)
+            continue
+        src = pymupdf.open()
+        pix = write_page(src, text).get_pixmap(dpi=dpi, colorspace=pymupdf.csGRAY)
+        page = out.new_page(width=420, height=300)
+        page.insert_image(page.rect, pixmap=pix)
+        if junk_layer:
+            page.insert_textbox(pymupdf.Rect(24, 24, 396, 280), junk_layer, fontsize=8, render_mode=3)
+        src.close()
+    out.save(path)
+    out.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def three_languages(tmp_path_factory) -> Path:
+    return scanned_pdf(tmp_path_factory.mktemp("scans") / "certificates.pdf", [TEXTS["en"], TEXTS["fr"], TEXTS["de"]])
+
+
+@pytest.fixture(scope="module")
+def ocr_document(three_languages) -> Document:
+    assert TESSERACT.available or pytest.skip("no Tesseract")
+    return extract_pages(three_languages, "certificates", LanguageDetector(), ocr=TESSERACT)
+
+
+# -- reading scans ----------------------------------------------------------------------
+@needs_tesseract
+@pytest.mark.parametrize("index, language", [(0, "en"), (1, "fr"), (2, "de")])
+def test_scanned_words_come_back_in_their_language(ocr_document, index, language):
+    page = ocr_document.pages[index]
+    assert page.text_source == "ocr" and page.language == language
+    assert page.ocr_confidence is not None and page.ocr_confidence > 75
+    expected = words(TEXTS[language])
+    got = set(words(page.text))
+    recall = sum(w in got for w in expected) / len(expected)
+    assert recall >= 0.9, (recall, page.text)
+    # accented words need the page's own language model, not the first page's English one
+    accented = {"en": "environmental", "fr": "société", "de": "wiederverwertung"}[language]
+    assert accented in got
+
+
+@needs_tesseract
+def test_document_counts_and_timing(ocr_document):
+    assert ocr_document.ocr_pages == 3 and ocr_document.unread_pages == 0 and ocr_document.empty_pages == 0
+    assert 75 < ocr_document.ocr_confidence <= 100
+    assert ocr_document.ocr_seconds > 0
+
+
+@needs_tesseract
+def test_scanned_page_is_found_by_bm25(ocr_document, backend):
+    backend.index_document(ocr_document)
+    for keywords, page in ((["dupont", "câbles", "certificat"], 2), (["müller", "kupferdraht"], 3),
+                           (["northwind", "copper", "wire"], 1)):
+        found = backend.search(keywords, ["certificates"], 3)
+        assert found and found[0].page == page, (keywords, found)
+    stored = backend.get_page("certificates", 2)
+    assert stored.text_source == "ocr" and stored.ocr_confidence == ocr_document.pages[1].ocr_confidence
+    info = backend.get_document("certificates")
+    assert (info.ocr_pages, info.unread_pages, info.ocr_confidence) == (3, 0, ocr_document.ocr_confidence)
+
+
+@needs_tesseract
+def test_scanned_page_is_found_by_dense_search(ocr_document, tmp_path):
+    from evidentia.retriever.dense import PageEmbedder
+
+    try:
+        embedder = PageEmbedder()
+        embedder.dim
+    except Exception as exc:  # the model package is optional
+        pytest.skip(f"no embedding model: {exc}")
+    with TantivyBackend(tmp_path / "dense-index") as b:
+        b.index_document(embed_document(ocr_document, embedder))
+        query = embedder.embed_query("Which supplier of copper wire holds an ISO 14001 environmental certificate?")
+        found = b.search_dense(query, ["certificates"], 3)
+    assert found[0].page == 1, found
+
+
+@needs_tesseract
+def test_a_digital_page_guides_the_ocr_language(tmp_path):
+    # page 2 has a French text layer... no: the filler is English, so the prior is English;
+    # the French scan is still read with the French model once its language shows
+    path = scanned_pdf(tmp_path / "mixed.pdf", [None, TEXTS["fr"]])
+    document = extract_pages(path, "mixed", LanguageDetector(), ocr=TESSERACT)
+    assert [p.text_source for p in document.pages] == ["text", "ocr"]
+    assert [p.language for p in document.pages] == ["en", "fr"]
+    assert "société" in document.pages[1].text and "émissions" in document.pages[1].text
+
+
+@needs_tesseract
+def test_garbage_text_layer_is_read_as_a_scan(tmp_path):
+    junk = " ".join(["Xqzt Brkfl Mnpw Trzx Hjkl Qwrt Pstv Znmb"] * 6)
+    path = scanned_pdf(tmp_path / "junk.pdf", [TEXTS["en"]], junk_layer=junk)
+    assert is_garbage(pymupdf.open(path)[0].get_text())
+    page = extract_pages(path, "junk", LanguageDetector(), ocr=TESSERACT).pages[0]
+    assert page.text_source == "ocr" and "xqzt" not in page.text.lower() and "northwind" in page.text.lower()
+    # without OCR the junk is neither shown nor searched, and the page counts as unread
+    off = extract_pages(path, "junk", LanguageDetector(), ocr=OcrEngine.probe(mode="off"))
+    assert off.pages[0].text == "" and off.pages[0].text_source == "unread" and off.unread_pages == 1
+
+
+@needs_tesseract
+def test_force_reads_text_pages_too_and_blank_pages_are_not_ocrd(tmp_path):
+    doc = pymupdf.open()
+    write_page(doc, TEXTS["en"])
+    doc.new_page()
+    doc.save(tmp_path / "digital.pdf")
+    on = extract_pages(tmp_path / "digital.pdf", "d", LanguageDetector(), ocr=TESSERACT)
+    assert [p.text_source for p in on.pages] == ["text", "none"] and on.ocr_seconds == 0
+    forced = extract_pages(tmp_path / "digital.pdf", "d", LanguageDetector(),
+                           ocr=OcrEngine.probe(mode="force", dpi=150))
+    assert [p.text_source for p in forced.pages] == ["ocr", "none"]
+    assert "northwind" in forced.pages[0].text.lower()
+
+
+@needs_tesseract
+def test_a_stamp_on_a_scan_does_not_hide_it(tmp_path):
+    # a scan carrying a short real text layer (a page number, a stamp) is still read
+    path = scanned_pdf(tmp_path / "stamped.pdf", [TEXTS["en"]])
+    doc = pymupdf.open(path)
+    doc[0].insert_text((380, 290), "p. 1", fontsize=6)
+    doc.save(tmp_path / "stamped2.pdf")
+    page = extract_pages(tmp_path / "stamped2.pdf", "s", LanguageDetector(), ocr=TESSERACT).pages[0]
+    assert page.text_source == "ocr" and "northwind" in page.text.lower()
+
+
+@needs_tesseract
+def test_cli_index_reports_ocr_and_docs_counts(tmp_path, three_languages, monkeypatch):
+    from evidentia.cli import app
+
+    monkeypatch.setenv("EVIDENTIA_OCR", "on")
+    monkeypatch.setenv("EVIDENTIA_OCR_DPI", "150")
+    runner = CliRunner()
+    result = runner.invoke(app, ["index", str(three_languages)])
+    assert result.exit_code == 0, result.output
+    assert re.search(r"OCR: 3 page\(s\) read in [\d.]+ s", result.stderr)
+    docs = runner.invoke(app, ["docs"]).stdout.strip()
+    assert docs.splitlines()[0].endswith("\tOCR pages (confidence)\tunread scans")
+    assert re.fullmatch(r"default\tcertificates\t3\t0\ten:1, fr:1, de:1\t3 \(\d+\)\t0", docs.splitlines()[1])
+    listed = json.loads(runner.invoke(app, ["docs", "--json"]).stdout)["documents"][0]
+    assert listed["ocr_pages"] == 3 and listed["unread_pages"] == 0 and listed["ocr_confidence"] > 75
+
+
+# -- without OCR ------------------------------------------------------------------------
+def test_ocr_off_leaves_scans_empty_and_counted(tmp_path, backend):
+    path = scanned_pdf(tmp_path / "scan.pdf", [TEXTS["en"], None])
+    off = OcrEngine.probe(mode="off")
+    summary = index_paths([path], backend, LanguageDetector(), ocr=off)
+    assert (summary.pages, summary.empty_pages, summary.unread_pages, summary.ocr_pages) == (2, 1, 1, 0)
+    assert summary.ocr_line() == "1 page(s) not read: OCR is off: EVIDENTIA_OCR=off"
+    assert backend.get_page("scan", 1).text_source == "unread"
+    assert backend.get_document("scan").unread_pages == 1
+
+
+def test_missing_tesseract_indexes_and_says_how_to_install(tmp_path, backend):
+    assert not MISSING.available and "not on PATH" in MISSING.problem
+    path = scanned_pdf(tmp_path / "scan.pdf", [TEXTS["en"], None])
+    summary = index_paths([path], backend, LanguageDetector(), ocr=MISSING)
+    assert summary.documents == 1 and summary.unread_pages == 1 and not summary.failures
+    line = summary.ocr_line()
+    assert "\n" not in line and line.startswith("1 page(s) not read: they look scanned and Tesseract was not found")
+    assert "apt-get install tesseract-ocr" in line
+    assert backend.search(["board", "shareholders"], ["scan"], 3)[0].page == 2  # the digital page is indexed
+
+
+@needs_tesseract
+def test_ocr_over_its_time_limit_or_failing_leaves_the_page_unread(tmp_path):
+    from dataclasses import replace
+
+    path = scanned_pdf(tmp_path / "scan.pdf", [TEXTS["en"]])
+    with pymupdf.open(path) as doc:
+        page = doc[0]
+        slow = read_page(page, replace(TESSERACT, timeout_s=0.01))
+        assert (slow.source, slow.text) == ("unread", "") and "EVIDENTIA_OCR_TIMEOUT_S" in slow.problem
+        broken = read_page(page, replace(TESSERACT, installed=("xyz",)))  # no such traineddata
+        assert broken.source == "unread" and broken.problem.startswith("Tesseract failed")
+    document = extract_pages(path, "scan", LanguageDetector(), ocr=replace(TESSERACT, timeout_s=0.01))
+    assert document.unread_pages == 1 and "EVIDENTIA_OCR_TIMEOUT_S" in document.ocr_problem
+
+
+def test_missing_language_data_is_reported(tmp_path):
+    if shutil.which("tesseract") is None:
+        pytest.skip("no tesseract binary")
+    engine = OcrEngine.probe(tessdata=str(tmp_path / "no-tessdata"))
+    assert not engine.available and "no language data" in engine.problem
+
+
+def test_cli_without_tesseract_prints_the_hint(tmp_path, monkeypatch):
+    from evidentia.cli import app
+
+    monkeypatch.setenv("EVIDENTIA_OCR", "on")
+    monkeypatch.setenv("EVIDENTIA_TESSERACT", "/nonexistent/bin/tesseract")
+    path = scanned_pdf(tmp_path / "scan.pdf", [TEXTS["en"]])
+    result = CliRunner().invoke(app, ["index", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "1 page(s) not read" in result.stderr and "apt-get install tesseract-ocr" in result.stderr
+    listed = CliRunner().invoke(app, ["docs"])
+    assert listed.stdout.strip().splitlines()[1] == "default\tscan\t1\t1\t-\t0\t1"
+    assert "unread scans: pages that show a scan but were not read" in listed.stderr
+
+
+# -- pieces -----------------------------------------------------------------------------
+@pytest.mark.parametrize("text", [
+    TEXTS["en"], TEXTS["fr"], TEXTS["de"],
+    "Net sales 32,765 31,657 Cost of sales 16,682 16,055 Selling, general and administrative 7,602 " * 3,
+    "Spółka prowadzi działalność w zakresie produkcji przewodów miedzianych zgodnie z normą " * 3,  # Polish
+    "公司的环境管理体系符合标准的要求。温室气体排放每年测量一次。" * 5,  # Chinese
+    "", "12 13 14",
+    "The TCFD and GHG Protocol guide our CDP answer; LinkedIn, iPhone and McDonald's are brands we cite. " * 3,
+])
+def test_real_text_is_not_garbage(text):
+    assert not is_garbage(text)
+
+
+@pytest.mark.parametrize("text", [
+    " ".join(["Xqzt Brkfl Mnpw Trzx Hjkl Qwrt Pstv Znmb"] * 4),  # letter soup
+    "\ufffd\ufffd \ufffd\ufffd\ufffd a \ufffd\ufffd\ufffd\ufffd \ufffd" * 10,  # no Unicode map
+    "".join(chr(0xE000 + i % 200) for i in range(300)),  # private-use glyph codes
+    " ".join(["tHqZ aBcD eFgH iJkL"] * 8),  # case switching inside words
+])
+def test_glyph_junk_is_garbage(text):
+    assert is_garbage(text)
+
+
+def test_parse_tsv_builds_lines_paragraphs_and_mean_confidence():
+    header = "level\tpage_num\tblock_num\tpar_num\tline_num\tword_num\tleft\ttop\twidth\theight\tconf\ttext"
+    rows = [
+        "1\t1\t0\t0\t0\t0\t0\t0\t100\t100\t-1\t",
+        "5\t1\t1\t1\t1\t1\t0\t0\t10\t10\t90\tScope",
+        "5\t1\t1\t1\t1\t2\t0\t0\t10\t10\t80\temissions",
+        "5\t1\t1\t1\t2\t1\t0\t0\t10\t10\t70\tfell",
+        "5\t1\t2\t1\t1\t1\t0\t0\t10\t10\t60\tAnnex",
+        "5\t1\t2\t1\t1\t2\t0\t0\t10\t10\t95\t ",
+    ]
+    assert parse_tsv("\n".join([header, *rows])) == ("Scope emissions\nfell\n\nAnnex", 75.0)
+    assert parse_tsv(header) == ("", None)
+
+
+def test_languages_for_uses_the_page_language_where_installed():
+    engine = OcrEngine(installed=("deu", "eng", "fra"), available=True)
+    assert engine.languages_for("fr") == "fra"
+    assert engine.languages_for(None) == "eng+fra+deu"  # the multi-language run, what is installed of it
+    assert engine.languages_for("pt") == "eng+fra+deu"  # no Portuguese data: the multi-language run
+
+
+def test_blank_page_needs_no_tesseract():
+    doc = pymupdf.open()
+    page = doc.new_page()
+    assert read_page(page, MISSING) == ocr_mod.PageText("", "none")
+
+
+def test_settings():
+    s = Settings.from_env({})
+    assert (s.ocr, s.ocr_languages, s.ocr_dpi, s.tesseract, s.tessdata) == (
+        "on", "eng+fra+deu+spa+ita+por+nld", 300, "tesseract", None)
+    env = {"EVIDENTIA_OCR": "FORCE", "EVIDENTIA_OCR_LANGUAGES": "eng+fra", "EVIDENTIA_OCR_DPI": "150",
+           "EVIDENTIA_OCR_TIMEOUT_S": "5", "EVIDENTIA_TESSERACT": "/opt/tess", "EVIDENTIA_TESSDATA": "/opt/td"}
+    s = Settings.from_env(env)
+    assert (s.ocr, s.ocr_languages, s.ocr_dpi, s.ocr_timeout_s, s.tesseract, s.tessdata) == (
+        "force", "eng+fra", 150, 5.0, "/opt/tess", "/opt/td")
+    assert Settings.from_env({"EVIDENTIA_OCR": "0"}).ocr == "off"
+    for name, bad in (("EVIDENTIA_OCR", "sometimes"), ("EVIDENTIA_OCR_LANGUAGES", "eng, fra"),
+                      ("EVIDENTIA_OCR_DPI", "2000")):
+        with pytest.raises(ConfigError, match=name):
+            Settings.from_env({name: bad})
+    engine = OcrEngine.from_settings(Settings.from_env({"EVIDENTIA_OCR": "off"}))
+    assert engine.mode == "off" and not engine.enabled
+
+
+def test_elasticsearch_page_source_keeps_how_the_text_was_read():
+    page = Page(doc_id="x", page=1, raw_text="Zertifikat", text="Zertifikat", language="de", char_count=10,
+                text_source="ocr", ocr_confidence=91.5)
+    unread = Page(doc_id="x", page=2, raw_text="", text="", language=None, char_count=0, text_source="unread")
+    doc = Document(doc_id="x", pages=(page, unread))
+    sources = [a["_source"] for a in esb.page_actions("i", doc, "g")]
+    assert sources[0]["text_source"] == "ocr" and sources[0]["ocr_confidence"] == 91.5
+    assert [esb.page_from_source(s) for s in sources] == [page, unread]
+    meta = esb.record_source(doc, "g")["meta"]
+    assert (meta["ocr_pages"], meta["unread_pages"], meta["ocr_confidence"]) == (1, 1, 91.5)
+    info = esb.info_from_record("x", esb.record_source(doc, "g"))
+    assert (info.ocr_pages, info.unread_pages, info.ocr_confidence) == (1, 1, 91.5)
+    mapping = esb.load_mapping()["mappings"]["properties"]
+    assert mapping["text_source"] == {"type": "keyword"} and mapping["ocr_confidence"] == {"type": "float"}
+
+
+def test_page_source_defaults_from_its_text():
+    assert Page("d", 1, "a", "a", "en", 1).text_source == "text"
+    assert Page("d", 1, "", "", None, 0).text_source == "none"
+
+
+# -- the API ---------------------------------------------------------------------------
+@needs_tesseract
+def test_api_reports_ocr_pages_and_page_sources(tmp_path):
+    from fastapi.testclient import TestClient
+
+    from tests.utils.api import make_app, new_tenant, upload, wait_ready
+
+    path = scanned_pdf(tmp_path / "certificate.pdf", [TEXTS["fr"], TEXTS["de"], None])
+    with TestClient(make_app(tmp_path, ocr="on", ocr_dpi=150)) as client:
+        wait_ready(client)
+        headers = new_tenant(client)
+        assert upload(client, headers, path).status_code == 202
+        seen = []  # the status while indexing: OCR progress shows before the page counts
+        deadline = time.monotonic() + 60
+        while (doc := client.get("/v1/documents/certificate", headers=headers).json())["status"] != "ready":
+            assert doc["status"] in ("queued", "indexing") and time.monotonic() < deadline, doc
+            if doc["progress"]:
+                seen.append(doc["progress"])
+            time.sleep(0.02)
+        assert {"pages_done": 0, "pages_total": 0, "ocr_pages": 1} in seen, seen
+        assert doc["progress"] is None
+        assert (doc["ocr_pages"], doc["unread_pages"], doc["unread_reason"]) == (2, 0, None)
+        assert doc["ocr_confidence"] > 75
+        first = client.get("/v1/documents/certificate/pages/1", headers=headers).json()
+        assert first["text_source"] == "ocr" and first["ocr_confidence"] > 75 and "Dupont" in first["text"]
+        third = client.get("/v1/documents/certificate/pages/3", headers=headers).json()
+        assert third["text_source"] == "text" and third["ocr_confidence"] is None
+
+
+def test_api_says_why_scans_were_not_read(tmp_path):
+    from fastapi.testclient import TestClient
+
+    from tests.utils.api import make_app, new_tenant, ready_document, wait_ready
+
+    path = scanned_pdf(tmp_path / "certificate.pdf", [TEXTS["fr"]])
+    with TestClient(make_app(tmp_path, ocr="on", tesseract="/nonexistent/bin/tesseract")) as client:
+        wait_ready(client)
+        headers = new_tenant(client)
+        ready_document(client, headers, path)
+        doc = client.get("/v1/documents/certificate", headers=headers).json()
+        assert (doc["ocr_pages"], doc["unread_pages"], doc["empty_pages"]) == (0, 1, 1)
+        assert "apt-get install tesseract-ocr" in doc["unread_reason"]
+        page = client.get("/v1/documents/certificate/pages/1", headers=headers).json()
+        assert page["text_source"] == "unread" and page["text"] == ""
+
+
+def test_store_of_schema_1_gains_the_ocr_column(tmp_path):
+    import sqlite3
+
+    from evidentia.store import Store
+
+    path = tmp_path / "store.sqlite"
+    store = Store(path)
+    store.create_key("acme")
+    store.put_document("acme", "old", "old.pdf", 10, "/x/old.pdf", "g1")
+    store.set_status("acme", "old", "g1", "ready", pages=2, empty_pages=1, languages={"en": 1})
+    store.close()
+    with sqlite3.connect(path) as conn:  # as a store written before OCR: no ocr column, version 1
+        conn.execute("ALTER TABLE documents DROP COLUMN ocr")
+        conn.execute("PRAGMA user_version=1")
+    reopened = Store(path)
+    row = reopened.get_document("acme", "old")
+    assert (row.status, row.pages, row.ocr) == ("ready", 2, {})
+    reopened.set_status("acme", "old", "g1", "ready", pages=2, empty_pages=1, ocr={"ocr_pages": 1})
+    assert reopened.get_document("acme", "old").ocr == {"ocr_pages": 1}
+    reopened.close()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
