@@ -16,6 +16,7 @@ from evidentia.api.ratelimit import RateLimiter
 from evidentia.config import Settings
 from evidentia.engine import Engine
 from evidentia.reranker.cache import RerankerCache
+from evidentia.reranker.llm_runtime import LLMRuntime
 from evidentia.retriever.base import SearchBackend
 from evidentia.retriever.dense import PageEmbedder
 from evidentia.store import Store, store_path, uploads_dir
@@ -30,6 +31,9 @@ class Services:
         # the engine assembles every search and owns the backend, detector, embedder and rerankers
         self.engine = Engine(settings, dense_queries=settings.dense)
         self.metrics = Metrics()
+        # LLM reranks run in their own bounded executor (EVIDENTIA_LLM_CONCURRENCY), never
+        # in the thread pool that authentication and storage use (see reranker/llm_runtime.py)
+        self.llm = LLMRuntime(settings.llm_concurrency)
         self.rate_limiter = RateLimiter(settings.rate_limit_per_minute)
         self.doc_lock = threading.Lock()  # serialises index writes with deletes
         self.backend_ready = threading.Event()
@@ -112,6 +116,7 @@ class Services:
 
     def stop(self) -> None:
         self._stopping.set()
+        self.llm.shutdown()
         self.worker.stop()
         if self._warmup is not None:
             self._warmup.join(5.0)

@@ -1,7 +1,7 @@
 """How sure is a difference between two configurations of one `evidentia eval` run?
 
 Reads the per-query rankings written by ``evidentia eval --run-out RUN.jsonl`` and
-the queries file, and prints, for each pair ``A:B``, the mean P@3 and R@3 of both,
+the queries file, and prints, for each pair ``A:B``, the mean P@1, P@3 and R@3 of both,
 the difference B - A, a paired bootstrap 95 % interval of that difference
 (queries resampled with replacement) and the share of resamples in which B beats A.
 With a few dozen queries a difference of one page in the top 3 of one query is
@@ -22,8 +22,8 @@ from evidentia.evaluation.metrics import precision_at_k, recall_at_k
 from evidentia.evaluation.queries import load_queries
 
 
-def per_query(run_file: Path, queries_file: Path, k: int = 3) -> dict[str, dict[str, tuple[float, float]]]:
-    """config -> query id -> (P@k, R@k)."""
+def per_query(run_file: Path, queries_file: Path, k: int = 3) -> dict[str, dict[str, tuple[float, float, float]]]:
+    """config -> query id -> (P@k, R@k, P@1)."""
     relevant = {q.id: q.relevant for q in load_queries(queries_file)}
     out: dict[str, dict[str, tuple[float, float]]] = {}
     for line in run_file.read_text(encoding="utf-8").splitlines():
@@ -31,7 +31,8 @@ def per_query(run_file: Path, queries_file: Path, k: int = 3) -> dict[str, dict[
         ranking = [(p["doc_id"], p["page"]) for p in row["ranking"]]
         rel = relevant[row["id"]]
         out.setdefault(row["config"], {})[row["id"]] = (precision_at_k(ranking, rel, k),
-                                                         recall_at_k(ranking, rel, k) or 0.0)
+                                                         recall_at_k(ranking, rel, k) or 0.0,
+                                                         precision_at_k(ranking, rel, 1))
     return out
 
 
@@ -59,7 +60,7 @@ def main() -> None:
         a_name, b_name = pair.split(":")
         ids = sorted(set(scores[a_name]) & set(scores[b_name]))
         print(f"{b_name} vs {a_name} ({len(ids)} queries)")
-        for m, metric in enumerate(("P@3", "R@3")):
+        for m, metric in ((2, "P@1"), (0, "P@3"), (1, "R@3")):
             a = [scores[a_name][i][m] for i in ids]
             b = [scores[b_name][i][m] for i in ids]
             lo, hi, wins = bootstrap(a, b, args.samples, args.seed)

@@ -180,13 +180,31 @@ class Settings:
     llm_api_key: str | None = setting(None, "API key of the endpoint (or `OPENAI_API_KEY`)", env=("OPENAI_API_KEY",))
     llm_base_url: str | None = setting(None, "base URL of an OpenAI-compatible endpoint (or `OPENAI_BASE_URL`)",
                                        env=("OPENAI_BASE_URL",))
-    llm_timeout_s: float = setting(60.0, "seconds per LLM request", parse=positive_float)
-    llm_max_retries: int = setting(4, "retries of a failed LLM request (429, 5xx, timeouts)", parse=non_negative_int)
-    llm_token_budget: int = setting(12000, "prompt tokens per request; longer pools are split", parse=positive_int)
+    llm_timeout_s: float = setting(60.0, "total wall time of one LLM request (a watchdog cuts it, however slowly "
+                                   "the server drips)", parse=positive_float)
+    llm_max_retries: int = setting(4, "retries of a failed LLM request (429, 5xx, timeouts), with exponential "
+                                   "backoff, never past the validation's deadline", parse=non_negative_int)
+    llm_token_budget: int = setting(12000, "prompt tokens per request at most (cost cap); longer pools are "
+                                    "truncated per page or split into batches", parse=positive_int)
+    llm_context_tokens: int | None = setting(None, "the model's context window (e.g. `8192` for `llama-server -c "
+                                             "8192`): prompt + room for the answer fit in it; unset: only the "
+                                             "token budget applies", parse=positive_int)
+    llm_structured_output: str = setting("auto", "JSON schema for the answer (`response_format`): `auto` (sent; "
+                                         "dropped for good on an endpoint that refuses it), `on`, `off`",
+                                         parse=choice("auto", "on", "off"))
+    llm_tokenizer: str = setting("auto", "token counting for the budget: `server` (llama.cpp's `/tokenize`), "
+                                 "`tiktoken`, `chars` (4 a token); `auto`: server when the endpoint has one, else "
+                                 "tiktoken if installed, else chars", parse=choice("auto", "server", "tiktoken", "chars"))
+    llm_concurrency: int = setting(8, "LLM reranks talking to the model at once in `evidentia serve` (their own "
+                                   "executor, not the API's thread pool); the others queue, their deadline running",
+                                   parse=positive_int)
     # -- classifier reranker
     classifier_model: str | None = setting(None, "model directory written by `evidentia train` (default: the "
                                            "registry's production model, else the shipped CPU model)")
-    classifier_threshold: float = setting(0.15, "pages whose relevance probability is below it are dropped",
+    # 0.06: chosen on out-of-fold financebench pools when the shipped model was trained
+    # (docs/BENCHMARKS.md, section 8)
+    classifier_threshold: float = setting(0.06, "pages whose relevance probability is below it are dropped "
+                                          "(0.06: chosen on held-out pools for the shipped model)",
                                           parse=probability)
     classifier_batch_size: int = setting(16, "windows per classifier batch", parse=positive_int)
     classifier_max_length: int | None = setting(None, "tokens per classifier window (default: as trained)",
@@ -210,7 +228,9 @@ class Settings:
     max_answer_chars: int = setting(5000, "longer answers get 422", parse=positive_int)
     max_top_k: int = setting(100, "largest candidate pool per search", parse=positive_int)
     max_documents_per_validation: int = setting(20, "documents one validation may search", parse=positive_int)
-    request_timeout_s: float = setting(60.0, "a validation still running then gets 504", parse=positive_float)
+    request_timeout_s: float = setting(60.0, "a validation still running then gets 504; the LLM reranker gets this "
+                                       "less a margin (10%, 0.5-2 s) and answers the first-stage order with the "
+                                       "reason instead", parse=positive_float)
     rate_limit_per_minute: int = setting(600, "requests per API key (token bucket)", parse=positive_int)
     default_reranker: str = setting("none", "reranker when a request or `search` names none; the API loads it "
                                     "before `/ready`", parse=lower)

@@ -317,7 +317,8 @@ class Engine:
             reranker: Reranker | None = None, deadline: float | None = None) -> SearchResult:
         """One query through the first stage and the reranker. ``reranker``
         overrides the configured one (evaluation passes its own); ``deadline``
-        (time.monotonic()) bounds the wait for a local-compute slot (TimeoutError)."""
+        (time.monotonic()) bounds the wait for a local-compute slot (TimeoutError)
+        and a reranker that ``takes_deadline`` (the LLM falls back by it)."""
         t0 = time.perf_counter()
         timings: dict[str, float] = {}
         reranker = reranker if reranker is not None else self.reranker(config)
@@ -335,7 +336,11 @@ class Engine:
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError
             t3 = time.perf_counter()
-            result = reranker.rerank(query, candidates)
+            reranker.attach_backend(self.backend)  # rerankers that read page vectors stored at indexing time
+            if reranker.takes_deadline and deadline is not None:  # the LLM: bounded by the same deadline
+                result = reranker.rerank(query, candidates, deadline=deadline)
+            else:
+                result = reranker.rerank(query, candidates)
         t4 = time.perf_counter()
         timings.update({"load": (t1 - t0) * 1000, "retrieve": (t2 - t1) * 1000, "queue": waited * 1000,
                         "rerank": (t4 - t3) * 1000, "total": (t4 - t0) * 1000})

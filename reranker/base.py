@@ -35,6 +35,11 @@ class Reranker(ABC):
     # True when scoring runs on this machine's cores (a local model): the API
     # bounds how many such calls run at once instead of thrashing the CPU.
     computes_locally: bool = False
+    # True when rerank() takes ``deadline=`` (a reranker.llm_runtime.Deadline or a
+    # time.monotonic() instant) and returns by it, falling back to the first-stage
+    # order: it waits on a remote model, so the API awaits it in its own bounded
+    # executor (EVIDENTIA_LLM_CONCURRENCY) instead of holding a thread of the pool.
+    takes_deadline: bool = False
     # Pages whose probability is below it are dropped (probability rerankers only).
     threshold: float | None = None
     # The model directory it loaded, when it loads one (hot reload compares it).
@@ -61,6 +66,10 @@ class Reranker(ABC):
         twin = copy.copy(self)
         twin.threshold = threshold
         return twin
+
+    def attach_backend(self, backend) -> None:
+        """The search backend, for rerankers that read what indexing stored (the page
+        vectors); the others need nothing from it."""
 
     @abstractmethod
     def rerank(self, query: Query, candidates: Sequence[Candidate]) -> RerankResult: ...

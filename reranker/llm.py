@@ -20,6 +20,23 @@ Answer parsing (deliberately tolerant of form, strict about content):
   not as "nothing relevant": the model tried to point at pages that do not
   exist, so its judgement is not trusted.
 
+* Answers are untrusted input (page text can steer a model's output): one longer
+  than ``MAX_ANSWER_CHARS`` or nested deeper than ``MAX_JSON_DEPTH`` is malformed
+  before any decoding, the search for the object is linear in the answer's length,
+  and no exception other than ``MalformedAnswer`` leaves ``parse_answer``.
+
+Requests: temperature 0, ``max_tokens`` sized for the answer, and (setting
+``structured_output``) a ``response_format`` JSON schema for the answer (a GBNF
+``grammar`` on llama.cpp servers), dropped for good when the endpoint refuses it. Pools that do not fit the budget (the
+model's context less the answer's room, at most ``token_budget``) are split into
+batches whose rankings are merged; no candidate is dropped to fit.
+
+Time: ``rerank(..., deadline=)`` takes one absolute deadline (a ``Deadline`` or a
+``time.monotonic()`` instant) for everything: every attempt is bounded in total
+wall time by ``timeout_s`` and the deadline (a watchdog shuts its connection), and
+no retry, backoff or batch starts after it; a cancelled deadline (client gone)
+ends the call in flight at once. See ``reranker/llm_runtime.py``.
+
 Failures never raise: after the retries the first-stage order is returned with
 ``RerankResult.fallback_reason`` set to a one-line explanation.
 """
@@ -29,12 +46,14 @@ from __future__ import annotations
 import json
 import math
 import re
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from evidentia.records import Candidate, Query, RankedPage
 from evidentia.reranker.base import Reranker, RerankResult, passthrough
+from evidentia.reranker.llm_runtime import Deadline, watchdog
 
 ANSWER_KEY = "re-ranked_page_numbers"
 RECALL_THRESHOLD = 0.30
@@ -43,6 +62,7 @@ RECALL_THRESHOLD = 0.30
 MIN_PAGE_TOKENS = 300
 # Tokens added per chat message (role, separators) and per request (reply priming).
 _MESSAGE_OVERHEAD = 4
+_CONTEXT_SLACK = 32
 _REQUEST_OVERHEAD = 3
 _ELLIPSIS = " …"
 
@@ -156,42 +176,118 @@ class MalformedAnswer(ValueError):
     """The model's answer cannot be used."""
 
 
+# An answer listing every page of a 100-page pool is well under 1 KB; anything far
+# longer is not an answer, and is refused before any parsing (bounded CPU).
+MAX_ANSWER_CHARS = 64_000
+# Objects nested deeper than this are not answers; the limit keeps the JSON
+# decoder's recursion shallow ('{"a":' * 5000 must not raise RecursionError).
+MAX_JSON_DEPTH = 32
+# Braces and quotes examined while looking for objects, across the whole answer:
+# bounds the scan to linear time whatever the answer's shape.
+_SCAN_BUDGET = MAX_ANSWER_CHARS
+_SCAN_TOKEN = re.compile(r'[{}"]')
+_STRING_BODY = re.compile(r'[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+
+
 def parse_answer(content: str | None, n: int) -> list[int]:
-    """Page numbers (1..n, best first) from the model's answer; see the module docstring."""
-    obj = find_json_object(content, ANSWER_KEY)
-    value = obj[ANSWER_KEY]
-    if not isinstance(value, list):
-        raise MalformedAnswer(f"{ANSWER_KEY} is not a list")
-    kept: list[int] = []
-    for item in value:
-        number = _as_page_number(item)
-        if number is not None and 1 <= number <= n and number not in kept:
-            kept.append(number)
-    if value and not kept:
-        raise MalformedAnswer(f"no valid page number in {json.dumps(value)[:80]}")
-    return kept
+    """Page numbers (1..n, best first) from the model's answer; see the module docstring.
+    Raises ``MalformedAnswer`` (never anything else), in time linear in the answer."""
+    try:
+        obj = find_json_object(content, ANSWER_KEY)
+        value = obj[ANSWER_KEY]
+        if not isinstance(value, list):
+            raise MalformedAnswer(f"{ANSWER_KEY} is not a list")
+        kept: list[int] = []
+        seen: set[int] = set()
+        for item in value:
+            number = _as_page_number(item)
+            if number is not None and 1 <= number <= n and number not in seen:
+                seen.add(number)
+                kept.append(number)
+        if value and not kept:
+            raise MalformedAnswer(f"no valid page number in {_one_line(repr(value[:10]), 80)}")
+        return kept
+    except MalformedAnswer:
+        raise
+    except Exception as exc:  # RecursionError, MemoryError, anything odd: a malformed answer
+        raise MalformedAnswer(f"unparseable answer ({type(exc).__name__})") from None
 
 
 def find_json_object(content: str | None, key: str) -> dict:
-    """The first JSON object in a model's answer that has ``key``; code fences and
-    prose around it are ignored. ``MalformedAnswer`` when there is none."""
-    if content is None or not content.strip():
+    """The first JSON object in a model's answer that has ``key`` (at its top level,
+    or in an object nested in it); code fences and prose around it are ignored.
+    ``MalformedAnswer`` when there is none, when the answer is longer than
+    ``MAX_ANSWER_CHARS``, nested deeper than ``MAX_JSON_DEPTH`` or otherwise not
+    decodable. Linear time: each balanced ``{...}`` span is decoded at most once."""
+    if content is None or not str(content).strip():
         raise MalformedAnswer("empty answer")
-    text = _FENCE.sub("", content).strip()
-    decoder = json.JSONDecoder()
-    found_object = False
-    for i, ch in enumerate(text):
-        if ch != "{":
-            continue
-        try:
-            obj, _ = decoder.raw_decode(text, i)
-        except ValueError:
-            continue
-        if isinstance(obj, dict):
-            found_object = True
-            if key in obj:
-                return obj
+    if len(content) > MAX_ANSWER_CHARS:
+        raise MalformedAnswer(f"answer too long ({len(content)} characters, at most {MAX_ANSWER_CHARS})")
+    text = _FENCE.sub("", content)
+    found_object = too_deep = False
+    budget = [_SCAN_BUDGET]
+    start = text.find("{")
+    while start != -1:
+        end, deep = _balanced_end(text, start, budget)
+        too_deep = too_deep or deep
+        if end is not None:
+            try:
+                obj = json.loads(text[start:end])
+            except (ValueError, RecursionError):
+                obj = None
+            if isinstance(obj, dict):
+                found_object = True
+                hit = _with_key(obj, key)
+                if hit is not None:
+                    return hit
+                start = text.find("{", end)  # a decoded object was searched whole: skip it
+                continue
+        if budget[0] <= 0:
+            raise MalformedAnswer("answer too complex to parse")
+        start = text.find("{", start + 1)
+    if too_deep and not found_object:
+        raise MalformedAnswer(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
     raise MalformedAnswer(f"missing key {key!r}" if found_object else "invalid JSON")
+
+
+def _balanced_end(text: str, start: int, budget: list[int]) -> tuple[int | None, bool]:
+    """(index after the ``}`` closing the ``{`` at ``start``, too deep?); None when it
+    is not closed, or is nested deeper than MAX_JSON_DEPTH. Strings are skipped
+    with their escapes. ``budget`` counts the braces and quotes examined."""
+    depth, pos = 0, start
+    while budget[0] > 0:
+        m = _SCAN_TOKEN.search(text, pos)
+        if m is None:
+            return None, False
+        budget[0] -= 1
+        ch, pos = m.group(), m.end()
+        if ch == '"':
+            s = _STRING_BODY.match(text, pos)
+            if s is None:
+                return None, False
+            pos = s.end()
+        elif ch == "{":
+            depth += 1
+            if depth > MAX_JSON_DEPTH:
+                return None, True
+        else:
+            depth -= 1
+            if depth == 0:
+                return pos, False
+    return None, False
+
+
+def _with_key(obj: dict, key: str) -> dict | None:
+    """``obj`` when it has ``key``, else the first nested object (breadth first) that has it."""
+    queue = [obj]
+    for current in queue:  # grows while iterating; depth is bounded by MAX_JSON_DEPTH
+        if isinstance(current, dict):
+            if key in current:
+                return current
+            queue.extend(v for v in current.values() if isinstance(v, (dict, list)))
+        else:
+            queue.extend(v for v in current if isinstance(v, (dict, list)))
+    return None
 
 
 def _as_page_number(item: Any) -> int | None:
@@ -254,11 +350,56 @@ def _describe(exc: BaseException) -> str:
     return _one_line(f"{type(exc).__name__}: {exc}", 120)
 
 
+STRUCTURED_OUTPUT_MODES = ("auto", "on", "off")
+TOKENIZERS = ("auto", "server", "tiktoken", "chars")
+# Status codes with which a server refuses a request it does not understand (here:
+# ``response_format``); with EVIDENTIA_LLM_STRUCTURED_OUTPUT=auto the plain prompt is
+# tried once more and the endpoint remembered as one without structured output.
+_UNSUPPORTED_STATUSES = (400, 404, 415, 422, 501)
+
+
+def answer_schema(n: int) -> dict:
+    """``response_format`` asking for {"re-ranked_page_numbers": [int in 1..n]}."""
+    return {
+        "type": "json_schema",
+        "json_schema": {
+            "name": "reranked_pages",
+            "strict": True,
+            "schema": {
+                "type": "object",
+                "properties": {ANSWER_KEY: {"type": "array", "maxItems": n,
+                                            "items": {"type": "integer", "minimum": 1, "maximum": n}}},
+                "required": [ANSWER_KEY],
+                "additionalProperties": False,
+            },
+        },
+    }
+
+
+def answer_grammar(n: int) -> str:
+    """A GBNF grammar (llama.cpp's ``grammar`` field) for the compact answer
+    ``{"re-ranked_page_numbers": [3, 1]}`` with at most ``n`` numbers. Used instead
+    of the JSON schema on llama.cpp servers: the schema's grammar lets a small model
+    fill its answer with whitespace until ``max_tokens`` (seen with SmolLM2-135M on
+    10-K pages), this one has no room for any."""
+    more = f' (", " num){{0,{n - 1}}}' if n > 1 else ""
+    return ('root ::= "{\\"' + ANSWER_KEY + '\\": [" (num' + more + ')? "]}"\n'
+            'num ::= [1-9] [0-9]{0,3}\n')
+
+
+def answer_token_reserve(n: int) -> int:
+    """Completion tokens an answer for ``n`` pages needs at most (the braces and key,
+    then up to n numbers with separators); sent as ``max_tokens`` so a model that
+    loops cannot run on, and kept free of the context for the answer."""
+    return 24 + 6 * n
+
+
 class LLMReranker(Reranker):
     """Re-rank the pool with a chat model; see the module docstring for the answer rules."""
 
     name = "llm"
     outputs_probabilities = False
+    takes_deadline = True
 
     def __init__(
         self,
@@ -270,21 +411,46 @@ class LLMReranker(Reranker):
         token_budget: int = 12000,
         client: Any = None,
         backoff_base_s: float = 1.0,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], None] | None = None,
+        context_tokens: int | None = None,
+        structured_output: str = "auto",
+        tokenizer: str = "auto",
     ) -> None:
         if token_budget <= 0:
             raise ValueError("token_budget must be positive")
         if max_retries < 0:
             raise ValueError("max_retries must be >= 0")
+        if context_tokens is not None and context_tokens <= 0:
+            raise ValueError("context_tokens must be positive")
+        if structured_output not in STRUCTURED_OUTPUT_MODES:
+            raise ValueError(f"structured_output must be one of {', '.join(STRUCTURED_OUTPUT_MODES)}")
+        if tokenizer not in TOKENIZERS:
+            raise ValueError(f"tokenizer must be one of {', '.join(TOKENIZERS)}")
         self.model = model
         self.api_key = api_key
         self.base_url = base_url
         self.timeout_s = timeout_s
         self.max_retries = max_retries
         self.token_budget = token_budget
+        self.context_tokens = context_tokens
+        self.structured_output = structured_output
+        self.tokenizer = tokenizer
         self.backoff_base_s = backoff_base_s
         self._client = client
         self._sleep = sleep
+        # per endpoint (this instance talks to one): does it accept response_format?
+        # None until known; set by the first answer or refusal (auto mode)
+        self._schema_supported: bool | None = None
+        self._max_tokens_supported = True  # False once the endpoint refused the answer cap
+        self._llamacpp = False  # a llama.cpp server (found by the tokenizer probe): takes a GBNF grammar
+        self._counter: "_ServerTokenizer | _CharTokenizer | None" = None
+        self._counter_probed = False
+        self._ssl_context = None
+        self._lock = threading.Lock()
+        try:  # import the client library now: its first import (~1 s) must not eat a request's deadline
+            import openai  # noqa: F401
+        except ImportError:
+            pass
 
     @classmethod
     def from_settings(cls, settings, threshold: float | None = None) -> "LLMReranker":
@@ -295,27 +461,42 @@ class LLMReranker(Reranker):
             timeout_s=settings.llm_timeout_s,
             max_retries=settings.llm_max_retries,
             token_budget=settings.llm_token_budget,
+            context_tokens=settings.llm_context_tokens,
+            structured_output=settings.llm_structured_output,
+            tokenizer=settings.llm_tokenizer,
         )
 
     # ------------------------------------------------------------ public
 
-    def rerank(self, query: Query, candidates: Sequence[Candidate]) -> RerankResult:
+    def rerank(self, query: Query, candidates: Sequence[Candidate],
+               deadline: "Deadline | float | None" = None) -> RerankResult:
+        """``deadline``: a ``Deadline`` or an absolute ``time.monotonic()`` instant by
+        which everything (queueing, every batch, retry, backoff and read) must be
+        over; past it, the first-stage order comes back with the reason."""
+        deadline = _as_deadline(deadline)
         candidates = list(candidates)
         info: dict = {"model": self.model, "pool": len(candidates), "requests": 0, "batches": 0,
-                      "truncated": False}
+                      "truncated": False, "prompt_tokens": 0, "completion_tokens": 0}
+        if deadline.at is not None:
+            info["deadline_s"] = round(deadline.remaining() or 0.0, 3)
         if not candidates:
             return RerankResult(pages=[], info=info)
         texts = [strip_page_words(c.text or "") for c in candidates]
+        t0 = time.perf_counter()
         try:
+            self._use_tokenizer(info, deadline)
             batches = self._plan(query.text, texts)
             info["batches"] = len(batches)
             info["truncated"] = any(b.truncated for b in batches)
-            info["max_prompt_tokens"] = max(estimate_messages_tokens(b.messages) for b in batches)
+            info["token_budget"] = self._budget(max(len(b.indices) for b in batches))
+            info["estimated_prompt_tokens"] = [self._estimate(b.messages) for b in batches]
+            info["max_prompt_tokens"] = max(info["estimated_prompt_tokens"])
             rankings: list[list[int]] = []
             for batch in batches:
-                numbers = self._ask(batch, info)
+                numbers = self._ask(batch, info, deadline)
                 rankings.append([batch.indices[k - 1] for k in numbers])
         except LLMFailure as failure:
+            info["seconds"] = round(time.perf_counter() - t0, 3)
             return RerankResult(pages=passthrough(candidates),
                                 fallback_reason=f"{failure.reason}; BM25 order returned", info=info)
         order = _round_robin(rankings)
@@ -325,6 +506,7 @@ class LLMReranker(Reranker):
             for rank, i in enumerate(order, start=1)
         ]
         info["kept"] = len(pages)
+        info["seconds"] = round(time.perf_counter() - t0, 3)
         return RerankResult(pages=pages, info=info)
 
     # ------------------------------------------------------------ prompt and budget
@@ -341,8 +523,55 @@ class LLMReranker(Reranker):
             {"role": "user", "content": json.dumps(payload, ensure_ascii=False)},
         ]
 
+    def _budget(self, n: int) -> int:
+        """Prompt tokens a request for ``n`` pages may use: EVIDENTIA_LLM_TOKEN_BUDGET,
+        and within the model's context (EVIDENTIA_LLM_CONTEXT_TOKENS) room for the answer."""
+        if self.context_tokens is None:
+            return self.token_budget
+        # the slack covers chat templates that spend a few more tokens a message than
+        # estimated (SmolLM2's: the server counted 4,001 where 4,000 were estimated)
+        return min(self.token_budget, self.context_tokens - answer_token_reserve(n) - _CONTEXT_SLACK)
+
+    def _count(self, text: str) -> int:
+        return self._counter.count(text) if self._counter is not None else count_tokens(text)
+
+    def _estimate(self, messages: Sequence[dict]) -> int:
+        return _REQUEST_OVERHEAD + sum(_MESSAGE_OVERHEAD + self._count(m["content"]) for m in messages)
+
+    def _truncate(self, text: str, max_tokens: int) -> str:
+        if self._counter is None:
+            return truncate_tokens(text, max_tokens)
+        if self._count(text) <= max_tokens:
+            return text
+        return self._counter.cut(text, max(0, max_tokens - self._count(_ELLIPSIS))).rstrip() + _ELLIPSIS
+
+    def _use_tokenizer(self, info: dict, deadline: "Deadline") -> None:
+        """EVIDENTIA_LLM_TOKENIZER: ``server`` counts with the endpoint's own tokenizer
+        (llama.cpp's /tokenize), ``auto`` does so when the endpoint has one, else uses
+        tiktoken when installed, else about 4 characters a token."""
+        if self.tokenizer == "chars" and self._counter is None:
+            self._counter = _CharTokenizer()
+        if self.tokenizer in ("server", "auto") and not self._counter_probed and self.base_url:
+            with self._lock:
+                if not self._counter_probed:
+                    counter = _ServerTokenizer(self.base_url, min(5.0, deadline.remaining() or 5.0), self._ssl())
+                    if counter.works():
+                        self._counter = counter
+                        self._llamacpp = True  # /tokenize answers as llama.cpp's does
+                    else:
+                        counter.close()
+                    self._counter_probed = True
+        if isinstance(self._counter, _ServerTokenizer):
+            self._counter.timeout_s = min(5.0, deadline.remaining() or 5.0)
+            info["tokenizer"] = "server"
+        elif self._counter is not None:
+            info["tokenizer"] = "chars/4"
+        else:
+            info["tokenizer"] = "tiktoken" if _tokenizer_is_tiktoken() else "chars/4"
+
     def _plan(self, query: str, texts: list[str]) -> list[_Batch]:
-        """Batches of consecutive pool positions, each with messages under the budget."""
+        """Batches of consecutive pool positions, each with messages under the budget;
+        every candidate is in exactly one batch (none is dropped to fit)."""
         whole = self._fit(query, texts, list(range(len(texts))))
         if whole is not None:
             return [whole]
@@ -371,7 +600,8 @@ class LLMReranker(Reranker):
         for run in runs:
             batch = self._fit(query, texts, run, floor=1 if len(run) == 1 else MIN_PAGE_TOKENS)
             if batch is None:
-                raise LLMFailure(f"token budget of {self.token_budget} is too small for the prompt")
+                raise LLMFailure(f"token budget of {self._budget(len(run))} is too small for the prompt "
+                                 f"(EVIDENTIA_LLM_CONTEXT_TOKENS / EVIDENTIA_LLM_TOKEN_BUDGET)")
             batches.append(batch)
         return batches
 
@@ -381,22 +611,22 @@ class LLMReranker(Reranker):
     def _fit(self, query: str, texts: list[str], run: list[int], floor: int = MIN_PAGE_TOKENS) -> _Batch | None:
         """Messages for ``run`` under the budget, truncating pages to no less than
         ``floor`` tokens each; None when that is impossible."""
-        budget = self.token_budget
+        budget = self._budget(len(run))
         chosen = [texts[i] for i in run]
         messages = self.build_messages(query, chosen)
-        if estimate_messages_tokens(messages) <= budget:
+        if self._estimate(messages) <= budget:
             return _Batch(run, messages, truncated=False)
-        fixed = estimate_messages_tokens(self.build_messages(query, [""] * len(run)))
+        fixed = self._estimate(self.build_messages(query, [""] * len(run)))
         available = budget - fixed
         if available < floor * len(run):
             return None
         # Water-filling: short pages keep their text, long ones share what is left.
-        lengths = [count_tokens(t) for t in chosen]
+        lengths = [self._count(t) for t in chosen]
         cap = _water_level(lengths, available)
         while cap >= floor:
-            cut = [truncate_tokens(t, cap) for t in chosen]
+            cut = [self._truncate(t, cap) for t in chosen]
             messages = self.build_messages(query, cut)
-            if estimate_messages_tokens(messages) <= budget:
+            if self._estimate(messages) <= budget:
                 return _Batch(run, messages, truncated=True)
             # JSON escaping made the texts longer than estimated: shrink and retry.
             cap = min(cap - 1, int(cap * 0.95))
@@ -419,12 +649,12 @@ class LLMReranker(Reranker):
                 raise LLMFailure(f"LLM not configured: {_describe(exc)}") from None
         return self._client
 
-    def _ask(self, batch: _Batch, info: dict) -> list[int]:
+    def _ask(self, batch: _Batch, info: dict, deadline: "Deadline") -> list[int]:
         """The page numbers (1-based within the batch) the model keeps, best first."""
         n = len(batch.indices)
         last_problem = ""
         for _ in range(2):  # a malformed answer is asked once more
-            content = self.complete(batch.messages, info)
+            content = self.complete(batch.messages, info, deadline=deadline, n=n)
             try:
                 return parse_answer(content, n)
             except MalformedAnswer as exc:
@@ -432,36 +662,285 @@ class LLMReranker(Reranker):
                 info["malformed_answers"] = info.get("malformed_answers", 0) + 1
         raise LLMFailure(f"LLM answer unusable after 2 attempts: {_one_line(last_problem, 100)}")
 
-    def complete(self, messages: list[dict], info: dict) -> str | None:
+    def _wants_schema(self) -> bool:
+        if self.structured_output == "off":
+            return False
+        return self.structured_output == "on" or self._schema_supported is not False
+
+    def complete(self, messages: list[dict], info: dict, deadline: "Deadline | float | None" = None,
+                 n: int | None = None) -> str | None:
         """One chat request (temperature 0) and the answer's content (None when it has none).
         429, 5xx, timeouts and connection errors are retried ``max_retries`` times with
         exponential backoff; other 4xx, unexpected errors and exhausted retries raise
-        ``LLMFailure``. ``info["requests"]`` counts the HTTP attempts."""
+        ``LLMFailure``. ``info["requests"]`` counts the HTTP attempts.
+
+        Every attempt is bounded in *total* wall time by ``timeout_s`` and the
+        deadline (a watchdog aborts it), and no attempt or backoff starts past the
+        deadline. ``n`` (pages in the request): asks for the answer's JSON schema
+        (EVIDENTIA_LLM_STRUCTURED_OUTPUT) and caps the answer's length."""
         import openai
 
+        deadline = _as_deadline(deadline)
         client = self.client_or_fail()
         attempts = self.max_retries + 1
-        for attempt in range(attempts):
+        attempt = 0
+        error: BaseException | None = None
+        while attempt < attempts:
+            if deadline.expired():
+                raise LLMFailure(self._late(deadline, attempt, error))
+            schema = n is not None and self._wants_schema()
+            extra: dict = {}
+            if n is not None:
+                if self._max_tokens_supported:
+                    extra["max_tokens"] = answer_token_reserve(n)
+                if schema and self._llamacpp:
+                    extra["extra_body"] = {"grammar": answer_grammar(n)}
+                elif schema:
+                    extra["response_format"] = answer_schema(n)
             info["requests"] += 1
+            attempt += 1
             try:
-                response = client.chat.completions.create(model=self.model, messages=messages, temperature=0)
+                response = self._request(client, messages, extra, deadline)
+            except _Aborted:
+                raise LLMFailure(self._late(deadline, attempt, None)) from None
             except (openai.RateLimitError, openai.APITimeoutError, openai.APIConnectionError) as exc:
-                error: BaseException = exc
+                if deadline.expired():  # the watchdog closed the connection
+                    raise LLMFailure(self._late(deadline, attempt, exc)) from None
+                error = exc
             except openai.APIStatusError as exc:
+                if ("max_tokens" in extra and exc.status_code in _UNSUPPORTED_STATUSES
+                        and "max_tokens" in _describe(exc) + str(getattr(exc, "body", ""))):
+                    # e.g. OpenAI's reasoning models take max_completion_tokens only: ask
+                    # again without the cap, and remember
+                    self._max_tokens_supported = False
+                    info["max_tokens_refused"] = _describe(exc)
+                    attempt -= 1
+                    continue
+                if (schema and self.structured_output == "auto" and exc.status_code in _UNSUPPORTED_STATUSES
+                        and self._schema_supported is None):
+                    # the endpoint may not know response_format: ask again with the plain prompt
+                    self._schema_supported = False
+                    info["structured_output_refused"] = _describe(exc)
+                    attempt -= 1
+                    continue
                 if exc.status_code < 500:
                     raise LLMFailure(f"LLM request rejected: {_describe(exc)}") from None
                 error = exc
             except Exception as exc:  # unexpected client errors: report, never crash the pipeline
                 raise LLMFailure(f"LLM request failed: {_describe(exc)}") from None
             else:
+                if schema and self._schema_supported is None:
+                    self._schema_supported = True
+                info["structured_output"] = schema
+                if schema:
+                    info["structured_output_kind"] = "grammar" if "extra_body" in extra else "json_schema"
+                _add_usage(info, response)
                 try:
                     return response.choices[0].message.content
                 except (AttributeError, IndexError, TypeError):
                     return None
-            if attempt + 1 < attempts:
-                self._sleep(self.backoff_base_s * 2 ** attempt)
+            if attempt < attempts:
+                wait = self.backoff_base_s * 2 ** (attempt - 1)
+                if self._sleep is not None:
+                    left = deadline.remaining()
+                    if left is not None and left < wait:
+                        raise LLMFailure(self._late(deadline, attempt, error))
+                    self._sleep(wait)
+                elif not deadline.sleep(wait):
+                    raise LLMFailure(self._late(deadline, attempt, error))
         raise LLMFailure(f"LLM unavailable after {attempts} attempt{'s' if attempts != 1 else ''}: "
                          f"{_describe(error)}")
+
+    @staticmethod
+    def _late(deadline: "Deadline", attempts: int, error: BaseException | None) -> str:
+        why = deadline.reason if deadline.cancelled else "the request's deadline passed"
+        last = f" (last: {_describe(error)})" if error is not None else ""
+        return f"LLM stopped: {why} after {attempts} attempt{'s' if attempts != 1 else ''}{last}"
+
+    def _request(self, client, messages: list[dict], extra: dict, deadline: "Deadline"):
+        """One HTTP attempt under a watchdog: it closes this attempt's own connection
+        pool when ``timeout_s`` or the deadline is reached, so a server that never
+        answers, or drips its answer, cannot hold the call past either."""
+        left = deadline.remaining()
+        limit = self.timeout_s if left is None else min(self.timeout_s, left)
+        if limit <= 0:
+            raise _Aborted
+        if not hasattr(client, "with_options"):  # a test double: no connection to close
+            return client.chat.completions.create(model=self.model, messages=messages, temperature=0, **extra)
+        import httpx
+
+        # a client of its own per attempt (environment proxies honoured as usual), whose
+        # sockets the watchdog can shut without touching other requests
+        http = httpx.Client(timeout=httpx.Timeout(limit), verify=self._ssl(), follow_redirects=True)
+        sockets = _SocketRecorder()
+        for transport in [getattr(http, "_transport", None), *getattr(http, "_mounts", {}).values()]:
+            if transport is not None:
+                sockets.install(transport)
+
+        def abort() -> None:
+            sockets.shut()  # wakes a read blocked in another thread (closing alone does not)
+            http.close()
+
+        try:
+            attempt_client = client.with_options(http_client=http, timeout=limit, max_retries=0)
+            with watchdog(deadline, limit, abort) as fired:
+                try:
+                    return attempt_client.chat.completions.create(model=self.model, messages=messages,
+                                                                  temperature=0, **extra)
+                except Exception:
+                    if fired():
+                        if deadline.expired():
+                            raise _Aborted from None
+                        import openai
+
+                        raise openai.APITimeoutError(request=httpx.Request("POST", str(client.base_url))) from None
+                    raise
+        finally:
+            http.close()
+
+    def _ssl(self):
+        """One TLS context for every attempt (building one per request costs ~20 ms)."""
+        if self._ssl_context is None:
+            import ssl
+
+            try:
+                import certifi
+
+                self._ssl_context = ssl.create_default_context(cafile=certifi.where())
+            except ImportError:
+                self._ssl_context = ssl.create_default_context()
+        return self._ssl_context
+
+
+class _SocketRecorder:
+    """Remembers the sockets an attempt's transport opens, so that the watchdog can
+    shut them down: ``shutdown()`` wakes a ``recv`` blocked in another thread,
+    which closing the client does not. Uses httpcore's network-backend hook; where
+    that is missing, the attempt is still bounded by its read timeout."""
+
+    def __init__(self) -> None:
+        self.sockets: list = []
+        self._lock = threading.Lock()
+
+    def install(self, transport) -> None:
+        try:
+            import httpcore
+
+            recorder = self
+
+            class Backend(httpcore.SyncBackend):
+                def connect_tcp(self, *args, **kwargs):
+                    stream = super().connect_tcp(*args, **kwargs)
+                    sock = stream.get_extra_info("socket")
+                    if sock is not None:
+                        with recorder._lock:
+                            recorder.sockets.append(sock)
+                    return stream
+
+            pool = getattr(transport, "_pool", None)
+            if pool is not None and hasattr(pool, "_network_backend"):
+                pool._network_backend = Backend()
+        except Exception:  # another httpx/httpcore layout: rely on the timeouts
+            pass
+
+    def shut(self) -> None:
+        import socket
+
+        with self._lock:
+            sockets = list(self.sockets)
+        for sock in sockets:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+class _Aborted(Exception):
+    """The watchdog ended an attempt because the deadline passed or was cancelled."""
+
+
+def _as_deadline(deadline: "Deadline | float | None") -> "Deadline":
+    if isinstance(deadline, Deadline):
+        return deadline
+    return Deadline(deadline)
+
+
+def _add_usage(info: dict, response: Any) -> None:
+    """Adds the server's own token counts (``usage``) to ``info``."""
+    usage = getattr(response, "usage", None)
+    for key in ("prompt_tokens", "completion_tokens"):
+        value = getattr(usage, key, None)
+        if isinstance(value, int):
+            info[key] = info.get(key, 0) + value
+
+
+def _tokenizer_is_tiktoken() -> bool:
+    count = _tokenizer()[0]
+    return getattr(count, "__name__", "") == "count_tt"
+
+
+class _CharTokenizer:
+    """About 4 characters a token (EVIDENTIA_LLM_TOKENIZER=chars)."""
+
+    @staticmethod
+    def count(text: str) -> int:
+        return math.ceil(len(text) / 4)
+
+    @staticmethod
+    def cut(text: str, max_tokens: int) -> str:
+        return text[: max(0, max_tokens) * 4]
+
+
+class _ServerTokenizer:
+    """Counts tokens with the model server's own tokenizer (llama.cpp ``POST
+    /tokenize`` and ``/detokenize``, next to ``/v1``): exact budgets for local
+    models whose tokenizer tiktoken does not know. Counts are cached per text."""
+
+    def __init__(self, base_url: str, timeout_s: float, ssl_context=None) -> None:
+        import httpx
+
+        root = base_url.rstrip("/")
+        self.root = root[: -len("/v1")] if root.endswith("/v1") else root
+        self.timeout_s = timeout_s
+        self._cache: "dict[str, int]" = {}
+        self._http = httpx.Client(verify=ssl_context) if ssl_context is not None else httpx.Client()
+
+    def _post(self, path: str, body: dict) -> dict:
+        r = self._http.post(self.root + path, json=body, timeout=self.timeout_s)
+        r.raise_for_status()
+        return r.json()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def works(self) -> bool:
+        try:
+            tokens = self._post("/tokenize", {"content": "probe"}).get("tokens")
+            return isinstance(tokens, list) and len(tokens) > 0
+        except Exception:
+            return False
+
+    def _tokens(self, text: str) -> list:
+        return self._post("/tokenize", {"content": text})["tokens"]
+
+    def count(self, text: str) -> int:
+        if text in self._cache:
+            return self._cache[text]
+        try:
+            n = len(self._tokens(text))
+        except Exception:  # the server went away mid-plan: the estimate is good enough to go on
+            n = math.ceil(len(text) / 3)
+        if len(self._cache) > 4096:
+            self._cache.clear()
+        self._cache[text] = n
+        return n
+
+    def cut(self, text: str, max_tokens: int) -> str:
+        try:
+            tokens = self._tokens(text)[: max(0, max_tokens)]
+            return self._post("/detokenize", {"tokens": tokens})["content"]
+        except Exception:
+            return text[: max(0, max_tokens) * 3]
 
 
 def _water_level(lengths: list[int], available: int) -> int:

@@ -19,6 +19,7 @@ _CLASSES: dict[str, "tuple[str, str] | type[Reranker]"] = {
     "none": ("evidentia.reranker.base", "NoReranker"),
     "llm": ("evidentia.reranker.llm", "LLMReranker"),
     "classifier": ("evidentia.reranker.classifier", "ClassifierReranker"),
+    "cosine": ("evidentia.reranker.cosine", "CosineReranker"),  # untrained bi-encoder baseline (no probability)
 }
 
 

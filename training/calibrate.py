@@ -117,16 +117,29 @@ def calibrate(model_dir: Path, pages: Sequence[PoolPage], stages: Sequence[str],
     """Fit on scored pool pages and write the calibration into the model's metadata."""
     model_dir = Path(model_dir)
     metadata = ModelMetadata.read(model_dir)
+    features_kind = metadata.extra.get("kind") == "features"
+    if features_kind:
+        # a features model's probability must stay a property of the page: the
+        # margin (its logit) is rescaled, the place in the pool never enters
+        pages = [PoolPage(p.query_id, p.margin, 1, p.relevant) for p in pages]
     calibration = fit_pool_calibration(pages, regularisation)
+    previous = Calibration() if features_kind else metadata.calibration
     result = CalibrationResult(
         calibration=calibration,
-        previous=pool_stats(pages, metadata.calibration),
+        previous=pool_stats(pages, previous),
         fitted=pool_stats(pages, calibration),
         queries=len({p.query_id for p in pages}),
         pages=len(pages),
         relevant=sum(p.relevant for p in pages),
     )
-    metadata.calibration = calibration
+    if features_kind:
+        model = metadata.extra["feature_model"]
+        model["weights"] = [calibration.a * w for w in model["weights"]]
+        model["bias"] = calibration.a * model["bias"] + calibration.b
+        result = CalibrationResult(Calibration(calibration.a, calibration.b, 0.0), result.previous, result.fitted,
+                                   result.queries, result.pages, result.relevant)
+    else:
+        metadata.calibration = calibration
     metadata.extra["pool_calibration"] = {
         "stages": list(stages),
         "queries": result.queries,

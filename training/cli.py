@@ -20,7 +20,9 @@ def dataset_command(
     pdf_dir: Optional[Path] = typer.Option(None, "--pdf-dir", help="PDFs of the queries' documents, indexed if missing."),
     climretrieve: Optional[Path] = typer.Option(None, "--climretrieve",
                                                 help="Folder with ClimRetrieve's passages.jsonl."),
-    negatives: int = typer.Option(8, "--negatives", help="BM25 hard negatives per query."),
+    negatives: int = typer.Option(8, "--negatives", help="Hard negatives per query (from the --stage pool)."),
+    stage: str = typer.Option("bm25", "--stage", help="First stage whose pool gives the negatives: bm25, dense "
+                              "or hybrid (the stage the reranker will sit behind)."),
     holdout_fraction: float = typer.Option(0.0, "--holdout-fraction",
                                            help="Share of groups (see --split-by) whose queries are held out."),
     split_by: str = typer.Option("company", "--split-by",
@@ -31,6 +33,7 @@ def dataset_command(
 ):
     """Build classifier training records: relevant pages and BM25 hard negatives from labelled
     queries, and ClimRetrieve passages. Held-out queries never contribute a record."""
+    from evidentia.config import STAGES
     from evidentia.console import EXIT_BAD_INPUT, Context, fail
     from evidentia.evaluation.queries import QueriesFileError, load_queries
     from evidentia.evaluation.runner import all_doc_ids
@@ -63,8 +66,10 @@ def dataset_command(
                        err=True)
             qs = train_qs
         ctx.require_documents(all_doc_ids(qs), [pdf_dir] if pdf_dir else [], _missing_message("--pdf-dir"))
+        if stage not in STAGES:
+            raise fail(f"--stage must be one of {', '.join(STAGES)}")
         records.extend(records_from_queries(qs, ctx.engine, negatives_per_query=negatives,
-                                            pool_size=ctx.settings.pool_size))
+                                            pool_size=ctx.settings.pool_size, stage=stage))
     if climretrieve is not None:
         try:
             records.extend(records_from_climretrieve(climretrieve / "passages.jsonl", seed=seed))
@@ -96,8 +101,15 @@ def train_command(
                                          "trained as negatives (the best-matching one plus random others)."),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch threads (default EVIDENTIA_TORCH_THREADS, "
                                           "else torch's choice)."),
+    kind: str = typer.Option("lora", "--kind", help="lora: fine-tune --base-model (QLoRA on a GPU); features: the "
+                             "CPU default, a calibrated logistic model over pool-independent features "
+                             "(--base-model is then the bi-encoder, default all-MiniLM-L6-v2)."),
+    threshold_skip: Optional[str] = typer.Option(None, "--threshold-skip-docs", help="features: pools of documents "
+                                                 "whose id starts with this are not used to choose the default "
+                                                 "threshold (e.g. CR_: ClimRetrieve pools, every page on-topic)."),
 ):
-    """Fine-tune the classifier reranker: LoRA on all linear layers (4-bit QLoRA on a GPU), head fully trained."""
+    """Train the classifier reranker: LoRA on all linear layers (4-bit QLoRA on a GPU), head fully trained;
+    or (--kind features) the feature-based relevance model."""
     from evidentia.console import EXIT_BAD_INPUT, fail
     from evidentia.config import Settings
     from evidentia.reranker.classifier_model import ModelLoadError
@@ -114,6 +126,24 @@ def train_command(
         records = read_records(data)
     except (DatasetError, OSError) as exc:
         raise fail(str(exc), EXIT_BAD_INPUT)
+    if kind not in ("lora", "features"):
+        raise fail("--kind must be lora or features")
+    if kind == "features":
+        from evidentia.reranker.relevance_model import FeatureModelError
+        from evidentia.retriever.dense import EmbeddingError
+        from evidentia.training.train_features import train_features
+
+        from evidentia.console import Context
+
+        try:
+            # the index's stored page vectors are used for records of pages it holds (same numbers, faster)
+            metadata = train_features(records, out, base_model=base_model, data_sha256=file_sha256(data), seed=seed,
+                                      log=lambda m: typer.echo(m, err=True), backend=Context().backend,
+                                      threshold_skip_prefix=threshold_skip)
+        except (FeatureModelError, EmbeddingError) as exc:
+            raise fail(str(exc), EXIT_BAD_INPUT)
+        typer.echo(json.dumps(metadata.metrics, indent=2))
+        return
     params = TrainParams(epochs=epochs, batch_size=batch_size, grad_accum=grad_accum, learning_rate=learning_rate,
                          lora_r=lora_r, lora_alpha=lora_alpha, max_length=max_length, eval_fraction=eval_fraction,
                          max_steps=max_steps, seed=seed, negative_windows=negative_windows,

@@ -50,9 +50,10 @@ class DatasetError(ValueError):
 
 
 def records_from_queries(queries: Iterable, engine: "Engine", negatives_per_query: int = 8,
-                         pool_size: int = 20) -> Iterator[TrainingRecord]:
+                         pool_size: int = 20, stage: str = "bm25") -> Iterator[TrainingRecord]:
     """``queries``: evaluation.queries.EvalQuery objects (id, doc_ids, question, answer, relevant);
-    negatives are the BM25 pool's pages that are not relevant."""
+    negatives are the ``stage`` pool's pages that are not relevant (hybrid: the pages a
+    reranker behind the hybrid stage sees, including those found by meaning alone)."""
     backend = engine.backend
     for q in queries:
         for doc_id, page in sorted(q.relevant):
@@ -60,7 +61,7 @@ def records_from_queries(queries: Iterable, engine: "Engine", negatives_per_quer
             if p is not None and p.text:
                 yield TrainingRecord(q.question, q.answer, p.text, 1, doc_id, page, "queries")
         taken = 0
-        for c in engine.retrieve(engine.query(q.question, q.answer), q.doc_ids, "bm25", pool_size):
+        for c in engine.retrieve(engine.query(q.question, q.answer), q.doc_ids, stage, pool_size):
             if taken >= negatives_per_query:
                 break
             if (c.doc_id, c.page) in q.relevant or not c.text:

@@ -30,6 +30,9 @@ class RetrainOptions:
     max_steps: int | None = None
     held_out_fraction: float = 0.3  # share of documents held out for the promotion gate
     ece_margin: float = 0.02  # how much worse ECE may get and still promote
+    # lora (fine-tune base_model) or features (the shipped CPU model's kind); None:
+    # the kind of the model in use now (production, or the shipped one)
+    kind: str | None = None
 
 
 def verdicts_from_store(settings: Settings) -> list[Verdict]:
@@ -59,8 +62,11 @@ def verdicts_from_records(records: Sequence[TrainingRecord]) -> list[Verdict]:
 def run_retrain(engine: "Engine", verdicts: Sequence[Verdict], base_data: Path | None,
                 options: RetrainOptions = RetrainOptions(), log: Callable[[str], None] = print) -> RetrainResult:
     from evidentia.reranker.classifier import ClassifierReranker
+    from evidentia.reranker.classifier_model import ModelMetadata
+    from evidentia.reranker.model_registry import resolve_model_dir
 
     settings = engine.settings
+    kind = options.kind or ModelMetadata.read(resolve_model_dir(settings)).extra.get("kind", "lora")
     base_records = read_records(base_data) if base_data else []
 
     def load(path: Path | None):
@@ -68,10 +74,12 @@ def run_retrain(engine: "Engine", verdicts: Sequence[Verdict], base_data: Path |
             from evidentia.reranker.model_registry import resolve_model_dir
 
             path = resolve_model_dir(settings)
-        return ClassifierReranker(path, threshold=None, batch_size=settings.classifier_batch_size)
+        reranker = ClassifierReranker(path, threshold=None, batch_size=settings.classifier_batch_size)
+        reranker.attach_backend(engine.backend)  # stored page vectors for features models (same numbers, faster)
+        return reranker
 
     return retrain(verdicts, base_records, engine, registry_for(settings.data_dir), options.base_model, load,
                    params=TrainParams(epochs=options.epochs, learning_rate=options.learning_rate,
                                       max_steps=options.max_steps),
                    held_out_fraction=options.held_out_fraction,
-                   ece_margin=options.ece_margin, log=log)
+                   ece_margin=options.ece_margin, log=log, kind=kind)

@@ -27,6 +27,9 @@ def retrain_command(
     ece_margin: float = typer.Option(RetrainOptions.ece_margin, "--ece-margin",
                                      help="How much worse ECE may get and still promote."),
     as_json: bool = typer.Option(False, "--json"),
+    kind: Optional[str] = typer.Option(None, "--kind", help="features (the shipped CPU model's kind: seconds) or "
+                                       "lora (fine-tune --base-model; QLoRA on a GPU); default: the kind of the "
+                                       "model in use."),
 ):
     """Train a candidate from feedback + base data, evaluate it against production on held-out
     documents, and promote it only if P@3 does not drop and ECE does not worsen beyond the margin."""
@@ -44,9 +47,11 @@ def retrain_command(
         raise fail(str(exc), EXIT_BAD_INPUT)
     if not verdicts:
         raise fail("no feedback to learn from (the store is empty; give --feedback FILE)", EXIT_BAD_INPUT)
+    if kind is not None and kind not in ("lora", "features"):
+        raise fail("--kind must be lora or features")
     base = base_data or ctx.settings.retrain_base_data
     options = RetrainOptions(base_model=base_model, epochs=epochs, learning_rate=learning_rate, max_steps=max_steps,
-                             held_out_fraction=held_out_fraction, ece_margin=ece_margin)
+                             held_out_fraction=held_out_fraction, ece_margin=ece_margin, kind=kind)
     try:
         ctx.backend  # noqa: B018 (opens it, or fails with the right exit code)
         result = run_retrain(ctx.engine, verdicts, base, options, log=lambda m: typer.echo(m, err=True))

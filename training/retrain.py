@@ -202,9 +202,11 @@ def retrain(verdicts: Sequence[Verdict], base_records: Sequence[TrainingRecord],
             registry: ModelRegistry, base_model: str,
             load_reranker: Callable[[Path | None], object], params: TrainParams = TrainParams(),
             held_out_fraction: float = 0.3, ece_margin: float = 0.02, seed: int = 0,
-            log: Callable[[str], None] = print) -> RetrainResult:
+            log: Callable[[str], None] = print, kind: str = "lora") -> RetrainResult:
     """One retraining round. ``load_reranker(path)`` builds a ClassifierReranker with
-    no threshold for a model directory (None: the current default model)."""
+    no threshold for a model directory (None: the current default model). ``kind``:
+    ``lora`` fine-tunes ``base_model``; ``features`` fits the feature-based model
+    (training/train_features.py), which is calibrated as fitted (no pool calibration)."""
     data = build_training_set(verdicts, base_records, engine, held_out_fraction, seed=seed)
     log(f"{len(data.train_records)} training records ({len(data.train_queries)} feedback queries); "
         f"{len(data.held_out_queries)} held-out queries on {len(data.held_out_docs)} document(s)")
@@ -212,9 +214,16 @@ def retrain(verdicts: Sequence[Verdict], base_records: Sequence[TrainingRecord],
         data_file = Path(tmp) / "train.jsonl"
         digest = write_records(data.train_records, data_file)
         out = Path(tmp) / "candidate"
-        train(data.train_records, base_model, out, params, data_sha256=digest, log=log)
-        candidate = load_reranker(out)
-        calibrate_on_pools(candidate, out, data.train_queries, engine, log)
+        if kind == "features":
+            from evidentia.training.train_features import train_features
+
+            train_features(data.train_records, out, base_model=base_model, data_sha256=digest, seed=seed, log=log,
+                           backend=engine.backend)
+            candidate = load_reranker(out)
+        else:
+            train(data.train_records, base_model, out, params, data_sha256=digest, log=log)
+            candidate = load_reranker(out)
+            calibrate_on_pools(candidate, out, data.train_queries, engine, log)
         production = registry.production()
         cand_score = evaluate_model(candidate, data.held_out_queries, engine)
         prod_score = evaluate_model(load_reranker(production.path if production else None),

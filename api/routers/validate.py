@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+import time
 import uuid
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
 
 from evidentia.api.deps import Caller, deadline, get_services, require_backend, require_tenant, run_blocking
@@ -14,7 +16,9 @@ from evidentia.api.routers.documents import not_ready_message
 from evidentia.api.schemas import ErrorResponse, ValidatedPage, ValidateRequest, ValidateResponse
 from evidentia.api.services import Services
 from evidentia.config import ConfigError
-from evidentia.engine import RunConfig, RunConfigError
+from evidentia.engine import RunConfig, RunConfigError, SearchResult
+from evidentia.reranker.base import NoReranker, Reranker
+from evidentia.reranker.llm_runtime import Deadline, deadline_margin
 from evidentia.store import ValidationRow, now
 from evidentia.retriever.base import BackendError, MissingVectorsError, UnknownDocumentError, VectorModelError
 
@@ -85,7 +89,7 @@ def _external(doc_ids) -> list[str]:
             "unavailable.")},
     },
 )
-async def validate(body: ValidateRequest, caller: Caller = Depends(require_tenant),
+async def validate(body: ValidateRequest, request: Request, caller: Caller = Depends(require_tenant),
                    services: Services = Depends(get_services)) -> ValidateResponse:
     document_ids, config = _limits(services, body)
     rows = await run_in_threadpool(services.store.get_documents, caller.tenant, document_ids)
@@ -114,11 +118,14 @@ async def validate(body: ValidateRequest, caller: Caller = Depends(require_tenan
                 raise ApiError(503, "embedder_unavailable", f"the embedding model for the {stage} stage cannot "
                                f"be loaded: {exc}") from None
         query = engine.query(body.question, body.answer)
-        return engine.run(query, [internal_id(caller.tenant, d) for d in document_ids], config,
-                          reranker=reranker, deadline=until)
+        # a reranker that waits on a remote model (the LLM) runs after this, awaited
+        # outside the shared thread pool (see _rerank_awaited)
+        first = NoReranker() if reranker.takes_deadline else reranker
+        return reranker, engine.run(query, [internal_id(caller.tenant, d) for d in document_ids], config,
+                                    reranker=first, deadline=until)
 
     try:
-        result = await run_blocking(services, work)
+        reranker, result = await run_blocking(services, work)
     except UnknownDocumentError as exc:
         gone = _external(exc.doc_ids)
         raise ApiError(409, "document_gone", f"document(s) {', '.join(gone)} are missing from the search index; "
@@ -135,6 +142,8 @@ async def validate(body: ValidateRequest, caller: Caller = Depends(require_tenan
                        {"document_ids": _external(exc.doc_ids), "stage": stage}) from None
     except BackendError as exc:
         raise ApiError(503, "backend_unavailable", f"search engine error: {exc}") from None
+    if reranker.takes_deadline:
+        result = await _rerank_awaited(services, request, reranker, result, until)
 
     pages = [
         ValidatedPage(document_id=split_internal_id(p.doc_id)[1], page=p.page,
@@ -163,6 +172,24 @@ async def validate(body: ValidateRequest, caller: Caller = Depends(require_tenan
                             fallback_reason=result.fallback_reason,
                             timings_ms={k: round(v, 2) for k, v in timings.items()}, model_version=version,
                             candidates=len(result.candidates), note=result.note)
+
+
+async def _rerank_awaited(services: Services, request: Request, reranker: Reranker, first: SearchResult,
+                          until: float) -> SearchResult:
+    """The LLM rerank of the first-stage pool in the LLM executor, awaited without a
+    thread of the shared pool, by the request's deadline less a margin; the
+    first-stage order with the reason when it passes or the client disconnects
+    (the LLM work is cancelled then)."""
+    deadline = Deadline(until - deadline_margin(services.settings.request_timeout_s))
+    t0 = time.perf_counter()
+    reranked = await services.llm.rerank(
+        lambda d: reranker.rerank(first.query, first.candidates, deadline=d), first.candidates, deadline,
+        disconnected=request.is_disconnected)
+    rerank_ms = (time.perf_counter() - t0) * 1000
+    timings = {**first.timings_ms, "rerank": rerank_ms, "total": first.timings_ms.get("total", 0.0) + rerank_ms}
+    return dataclasses.replace(first, pages=reranked.pages, reranker=reranker.name,
+                               fallback_reason=reranked.fallback_reason, model_version=reranker.model_version,
+                               info=reranked.info, timings_ms=timings)
 
 
 def _stage_note(without_vectors) -> str | None:

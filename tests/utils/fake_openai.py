@@ -16,13 +16,31 @@ body, status 200).  Every request body is recorded in ``requests``.
 from __future__ import annotations
 
 import json
+import select
+import socket
 import threading
 import time
 from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
-Response = Any  # (status, body) | str | dict | Callable[[dict], ...]
+Response = Any  # (status, body) | str | dict | Callable[[dict], ...] | HANG | Drip
+
+
+class _Hang:
+    """Never answer (until the server stops)."""
+
+
+HANG = _Hang()
+
+
+class Drip:
+    """Answer 200 with a Content-Length of ``size`` bytes, then send one byte every
+    ``interval_s`` (a server that is alive but never finishes)."""
+
+    def __init__(self, interval_s: float = 1.0, size: int = 100_000) -> None:
+        self.interval_s = interval_s
+        self.size = size
 
 
 def completion(content: str | None, model: str = "fake-model") -> dict:
@@ -47,8 +65,15 @@ class FakeOpenAI:
         self.requests: list[dict] = []
         self.handler = handler
         self.delay_s = 0.0  # sleep before answering (to provoke client timeouts)
+        # llama.cpp's POST /tokenize and /detokenize when set: one token per word here
+        self.tokenizer = False
+        self.tokenize_calls = 0
         self._script: deque = deque()
         self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self.in_flight = 0  # requests being answered now
+        self.max_in_flight = 0
+        self.request_times: list[float] = []  # time.monotonic() of each request
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._make_handler())
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.01},
@@ -62,6 +87,11 @@ class FakeOpenAI:
 
     def push_answer(self, content: str | None) -> "FakeOpenAI":
         return self.push(200, completion(content))
+
+    def push_behaviour(self, behaviour: "_Hang | Drip") -> "FakeOpenAI":
+        """HANG or a Drip for the next request."""
+        self._script.append(behaviour)
+        return self
 
     def push_callable(self, fn: Callable[[dict], Response]) -> "FakeOpenAI":
         self._script.append(fn)
@@ -82,6 +112,7 @@ class FakeOpenAI:
         return self
 
     def stop(self) -> None:
+        self._stopping.set()  # hung and dripping answers end
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)
@@ -97,11 +128,16 @@ class FakeOpenAI:
     def _respond(self, request: dict) -> tuple[int, dict | str]:
         with self._lock:
             self.requests.append(request)
+            self.request_times.append(time.monotonic())
             item = self._script.popleft() if self._script else self.handler
         if item is None:
             return error(500, "fake server: no scripted response left")
-        if callable(item):
+        if item is HANG or isinstance(item, Drip):
+            return item
+        if callable(item) and not isinstance(item, Drip):
             item = item(request)
+            if item is HANG or isinstance(item, Drip):
+                return item
         if isinstance(item, str) or item is None:
             return 200, completion(item)
         if isinstance(item, dict):
@@ -118,6 +154,14 @@ class FakeOpenAI:
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length)
+                if fake.tokenizer and self.path in ("/tokenize", "/detokenize"):
+                    body = json.loads(raw)
+                    fake.tokenize_calls += 1
+                    if self.path == "/tokenize":
+                        self._send(200, {"tokens": [hash(w) % 50000 for w in body["content"].split(" ")]})
+                    else:  # tokens are not reversible here: words of the right count
+                        self._send(200, {"content": " ".join("w" for _ in body["tokens"])})
+                    return
                 if self.path.rstrip("/") != "/v1/chat/completions":
                     self._send(*error(404, f"no route {self.path}"))
                     return
@@ -126,10 +170,50 @@ class FakeOpenAI:
                 except ValueError:
                     self._send(*error(400, "request body is not JSON"))
                     return
-                status, body = fake._respond(request)
-                if fake.delay_s:
-                    time.sleep(fake.delay_s)
-                self._send(status, body)
+                with fake._lock:
+                    fake.in_flight += 1
+                    fake.max_in_flight = max(fake.max_in_flight, fake.in_flight)
+                try:
+                    answer = fake._respond(request)
+                    if answer is HANG:
+                        self._hang()
+                        return
+                    if isinstance(answer, Drip):
+                        self._drip(answer)
+                        return
+                    if fake.delay_s:
+                        time.sleep(fake.delay_s)
+                    self._send(*answer)
+                finally:
+                    with fake._lock:
+                        fake.in_flight -= 1
+
+            def _hang(self) -> None:
+                """Answer nothing until the client closes the connection (so that
+                ``in_flight`` counts the connections the client still holds)."""
+                while not fake._stopping.is_set():
+                    readable, _, _ = select.select([self.connection], [], [], 0.2)
+                    if readable:
+                        try:
+                            if not self.connection.recv(1, socket.MSG_PEEK):
+                                return  # closed by the client
+                        except OSError:
+                            return
+
+            def _drip(self, drip: Drip) -> None:
+                try:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(drip.size))
+                    self.end_headers()
+                    self.wfile.flush()
+                    for _ in range(drip.size):
+                        if fake._stopping.wait(drip.interval_s):
+                            return
+                        self.wfile.write(b" ")
+                        self.wfile.flush()
+                except (BrokenPipeError, ConnectionResetError, OSError):  # the client gave up
+                    pass
 
             def _send(self, status: int, body: dict | str) -> None:
                 data = (json.dumps(body) if isinstance(body, dict) else body).encode("utf-8")

@@ -1,0 +1,282 @@
+"""Pool-independent features of a (question, answer, page) triple, for the
+feature-based relevance model (``reranker/relevance_model.py``).
+
+Every feature is computed from the query and the page alone: no first-stage
+score, rank, pool size or statistic of other pages enters, so a page gets the
+same features - and the same probability - whatever pool it comes in.
+
+- cosines of the untrained all-MiniLM-L6-v2 bi-encoder between the query
+  (question + answer, and the question alone) and the page's best window:
+  the signal the base model already has, kept instead of fine-tuned away;
+- lexical coverage of the query keywords on the page (a BM25-like saturated
+  term frequency with a fixed length norm, no IDF and no pool-relative
+  normalisation) and of adjacent keyword pairs (phrases);
+- the answer's figures found on the page (numbers normalised as at index time);
+- the page's length and share of numeric tokens (tables vs prose).
+
+Window vectors come from the index when the page was embedded at indexing time
+with the same model (``PageVectorSource``), else they are computed here with the
+same windowing, so both ways give the same numbers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import Counter, OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Sequence
+
+import numpy as np
+
+from evidentia.text import keywords, normalise_numbers, tokens
+
+if TYPE_CHECKING:  # pragma: no cover
+    from evidentia.records import PageVectors
+    from evidentia.retriever.dense import PageEmbedder
+
+FEATURE_NAMES = (
+    "cos_query",        # cosine(question + answer, best window)
+    "cos_question",     # cosine(question, best window)
+    "cos_query_mean",   # cosine(question + answer, mean of the windows)
+    "cos_answer",       # cosine(answer, best window); 0 without an answer
+    "cov_question",     # share of the question's keywords on the page
+    "cov_answer",       # share of the answer's word keywords on the page
+    "tf_question",      # saturated term frequency of the question keywords, per keyword
+    "idf_cov_question", # share of the question keywords' weight on the page (weight: rarity in the language)
+    "idf_cov_answer",   # the same for the answer's word keywords
+    "bm25_fixed",       # BM25 of question + answer keywords with fixed IDF (word frequency) and length norm
+    "bm25_domain",      # BM25 with the IDF of the model's training pages (a fixed table in the model)
+    "phrase_question",  # share of adjacent question-keyword pairs found adjacent on the page
+    "num_answer",       # share of the answer's figures on the page (0 when it has none)
+    "has_num_answer",   # 1 when the answer has figures
+    "has_answer",       # 1 when an answer was given (the answer features are 0 without one)
+    "log_len",          # ln(1 + page tokens)
+    "num_share",        # share of numeric tokens on the page
+)
+
+# BM25's term-frequency saturation with a fixed document length norm: the same
+# page scores the same whatever else is indexed.
+_K1 = 1.2
+_B = 0.75
+_AVG_TOKENS = 400.0
+_PREFIX = 6  # crude stemming: "expenditures" matches "expenditure"
+
+
+def _stem(tok: str) -> str:
+    return tok[:_PREFIX] if len(tok) > _PREFIX and not tok[0].isdigit() else tok
+
+
+def _is_number(tok: str) -> bool:
+    return tok[:1].isdigit()
+
+
+def term_weight(token: str, language: str | None) -> float:
+    """A fixed IDF: how rare the word is in general text of its language
+    (wordfreq's Zipf scale, 8 = "the"-frequent, 0 = unseen), the same for every
+    index and pool. Numbers and unknown words weigh most."""
+    from wordfreq import zipf_frequency
+
+    zipf = zipf_frequency(token, language or "en")
+    if language and language != "en":
+        zipf = max(zipf, zipf_frequency(token, "en"))  # English questions on other-language pages
+    return max(0.5, 8.0 - zipf)
+
+
+@dataclass(frozen=True)
+class QueryTerms:
+    question: tuple[str, ...]  # stemmed keywords of the question, in order
+    answer_words: tuple[str, ...]  # stemmed word keywords of the answer not in the question
+    answer_numbers: tuple[str, ...]  # canonical figures of the answer
+    pairs: tuple[tuple[str, str], ...]  # adjacent question keywords
+    weights: dict = None  # stem -> fixed IDF (term_weight)
+    has_answer: bool = False
+
+
+def query_terms(question: str, answer: str, language: str | None = None) -> QueryTerms:
+    q_raw = keywords(question, language)
+    a_all = keywords(answer, language)
+    weights: dict[str, float] = {}
+    for t in (*q_raw, *a_all):
+        weights.setdefault(_stem(t), term_weight(t, language))
+    q = [_stem(t) for t in q_raw]
+    numbers = tuple(dict.fromkeys(t for t in a_all if _is_number(t)))
+    qset = set(q)
+    words = tuple(dict.fromkeys(_stem(t) for t in a_all if not _is_number(t) and _stem(t) not in qset))
+    pairs = tuple(dict.fromkeys(zip(q, q[1:])))
+    return QueryTerms(tuple(dict.fromkeys(q)), words, numbers, pairs, weights, bool(answer.strip()))
+
+
+@dataclass(frozen=True)
+class TermStatistics:
+    """Document frequencies of the training pages, stored with the model: a
+    domain IDF ("climate" is common in sustainability reports, rare in general
+    text) that is fixed once trained, unlike an index's, which changes with what
+    else is indexed."""
+
+    pages: int
+    df: dict
+
+    def idf(self, stem: str) -> float:
+        return math.log((self.pages + 1) / (self.df.get(stem, 0) + 0.5))
+
+    @classmethod
+    def from_texts(cls, texts, min_df: int = 2) -> "TermStatistics":
+        df: Counter = Counter()
+        n = 0
+        for text in texts:
+            df.update({_stem(t) for t in tokens(normalise_numbers(text or ""))})
+            n += 1
+        return cls(n, {t: c for t, c in sorted(df.items()) if c >= min_df})
+
+    def to_dict(self) -> dict:
+        return {"pages": self.pages, "df": self.df}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "TermStatistics":
+        return cls(int(data["pages"]), dict(data["df"]))
+
+
+def lexical_features(terms: QueryTerms, page_text: str, stats: TermStatistics | None = None) -> list[float]:
+    """cov_question .. num_share of FEATURE_NAMES."""
+    toks = [_stem(t) for t in tokens(normalise_numbers(page_text or ""))]
+    n = len(toks)
+    counts = Counter(toks)
+    cov = lambda ts: sum(1 for t in ts if counts.get(t)) / len(ts) if ts else 0.0  # noqa: E731
+    norm = _K1 * (1 - _B + _B * n / _AVG_TOKENS)
+    tf = (sum(counts[t] * (_K1 + 1) / (counts[t] + norm) for t in terms.question if counts.get(t))
+          / len(terms.question)) if terms.question else 0.0
+    if terms.pairs and n > 1:
+        bigrams = set(zip(toks, toks[1:]))
+        phrase = sum(1 for p in terms.pairs if p in bigrams) / len(terms.pairs)
+    else:
+        phrase = 0.0
+    numbers = sum(1 for t in toks if _is_number(t))
+    w = terms.weights or {}
+
+    def weighted_cov(ts) -> float:
+        total = sum(w.get(t, 1.0) for t in ts)
+        return sum(w.get(t, 1.0) for t in ts if counts.get(t)) / total if total else 0.0
+
+    every = (*terms.question, *terms.answer_words, *terms.answer_numbers)
+    total = sum(w.get(t, 1.0) for t in every)
+    bm25 = (sum(w.get(t, 1.0) * counts[t] * (_K1 + 1) / (counts[t] + norm) for t in every if counts.get(t))
+            / total) if total else 0.0
+    domain = 0.0
+    if stats is not None:
+        domain = sum(stats.idf(t) * counts[t] * (_K1 + 1) / (counts[t] + norm) for t in every if counts.get(t))
+    return [
+        cov(terms.question),
+        cov(terms.answer_words),
+        tf,
+        weighted_cov(terms.question),
+        weighted_cov(terms.answer_words),
+        bm25,
+        domain,
+        phrase,
+        cov(terms.answer_numbers),
+        1.0 if terms.answer_numbers else 0.0,
+        1.0 if terms.has_answer else 0.0,
+        math.log1p(n),
+        numbers / n if n else 0.0,
+    ]
+
+
+# A source of a page's window vectors: (doc_id, page, text) -> (windows, dim) array or None.
+PageVectorSource = Callable[[str, int, str], "np.ndarray | None"]
+
+
+def stored_vector_source(backend, model_name: str) -> PageVectorSource:
+    """Window vectors stored at indexing time (backends with ``page_vectors``), when
+    they were made by ``model_name``; None otherwise (the caller computes them)."""
+    getter = getattr(backend, "page_vectors", None)
+    documents: dict[str, PageVectors | None] = {}
+
+    def lookup(doc_id: str, page: int, text: str) -> np.ndarray | None:
+        if getter is None:
+            return None
+        if doc_id not in documents:
+            try:
+                vectors = getter(doc_id)
+            except Exception:  # a document being replaced, a backend without vectors: compute instead
+                vectors = None
+            documents[doc_id] = vectors if vectors is not None and vectors.model == model_name else None
+        vectors = documents[doc_id]
+        if vectors is None:
+            return None
+        rows = np.flatnonzero(np.asarray(vectors.pages) == page)
+        if len(rows) == 0:
+            return None
+        return np.asarray(vectors.vectors[rows], dtype=np.float32)
+
+    return lookup
+
+
+class FeatureExtractor:
+    """Features of (question, answer, page) as FEATURE_NAMES orders them.
+
+    ``embedder``: the bi-encoder (a ``PageEmbedder``; its model loads on first
+    use). Page window vectors computed here are kept in a small LRU cache keyed
+    by the text's hash (training scores the same page for many questions)."""
+
+    def __init__(self, embedder: "PageEmbedder", stats: TermStatistics | None = None,
+                 cache_size: int = 4096) -> None:
+        self.embedder = embedder
+        self.stats = stats
+        self.cache_size = cache_size
+        self._windows: OrderedDict[str, np.ndarray] = OrderedDict()
+
+    def window_vectors(self, text: str) -> np.ndarray:
+        key = hashlib.sha1((text or "").encode("utf-8", "surrogatepass")).hexdigest()
+        hit = self._windows.get(key)
+        if hit is not None:
+            self._windows.move_to_end(key)
+            return hit
+        windows = self.embedder.windows(text)
+        vectors = self.embedder._encode(windows) if windows else np.zeros((0, 1), dtype=np.float32)
+        self._windows[key] = vectors
+        if len(self._windows) > self.cache_size:
+            self._windows.popitem(last=False)
+        return vectors
+
+    def features(self, question: str, answer: str, pages: Sequence[tuple[str, int | None, str]],
+                 language: str | None = None, vector_source: PageVectorSource | None = None) -> np.ndarray:
+        """(len(pages), len(FEATURE_NAMES)) array; ``pages``: (doc_id, page, text)."""
+        out = np.zeros((len(pages), len(FEATURE_NAMES)), dtype=np.float64)
+        if not pages:
+            return out
+        query_text = f"{question.strip()} {answer.strip()}".strip()
+        q_vec, question_vec, answer_vec = self._encode_queries(query_text, question.strip() or query_text,
+                                                               answer.strip())
+        terms = query_terms(question, answer, language)
+        for i, (doc_id, page, text) in enumerate(pages):
+            vectors = None
+            if vector_source is not None and doc_id is not None and page is not None:
+                vectors = vector_source(doc_id, page, text)
+            if vectors is None:
+                vectors = self.window_vectors(text)
+            out[i, :4] = cosine_features(q_vec, question_vec, answer_vec, vectors)
+            out[i, 4:] = lexical_features(terms, text, self.stats)
+        return out
+
+    def _encode_queries(self, query_text: str, question: str,
+                        answer: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """Vectors of question + answer, the question, and the answer (None when empty)."""
+        texts = [query_text, question] + ([answer] if answer else [])
+        vecs = self.embedder._encode(texts, role="query")
+        return vecs[0], vecs[1], (vecs[2] if answer else None)
+
+
+def cosine_features(query_vec: np.ndarray, question_vec: np.ndarray, answer_vec: np.ndarray | None,
+                    windows: np.ndarray) -> list[float]:
+    """Best-window cosine of the query, of the question; the cosine of the query
+    with the page's mean window; the answer's best-window cosine (0 without an
+    answer). A page without text scores 0."""
+    if windows.size == 0 or windows.shape[1] != len(query_vec):
+        return [0.0, 0.0, 0.0, 0.0]
+    sims = windows @ query_vec
+    mean = windows.mean(axis=0)
+    norm = float(np.linalg.norm(mean))
+    return [float(sims.max()), float((windows @ question_vec).max()),
+            float(mean @ query_vec / norm) if norm > 0 else 0.0,
+            float((windows @ answer_vec).max()) if answer_vec is not None else 0.0]

@@ -1,0 +1,164 @@
+"""The feature-based relevance model: a logistic regression over the
+pool-independent features of ``reranker/features.py``, stored as JSON in the
+model directory (``evidentia-model.json``, ``"kind": "features"``).
+
+p(relevant | question, answer, page) = sigmoid(w · standardised(features) + b).
+Nothing in it depends on the pool, the first stage or the page's place in it.
+Fitting, the out-of-fold check and the threshold choice live here too, so
+`evidentia train` and `evidentia retrain` fit the model the same way.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from evidentia.reranker.features import FEATURE_NAMES
+
+KIND = "features"
+
+
+class FeatureModelError(ValueError):
+    """Training data the model cannot be fitted on; the message says why."""
+
+
+@dataclass
+class FeatureModel:
+    names: tuple[str, ...]
+    mean: list[float]
+    scale: list[float]
+    weights: list[float]
+    bias: float
+    # chosen on out-of-fold pools of the training split (see choose_threshold)
+    threshold: float | None = None
+    extra: dict = field(default_factory=dict)
+
+    def logits(self, features: np.ndarray) -> np.ndarray:
+        x = (np.asarray(features, dtype=np.float64) - np.asarray(self.mean)) / np.asarray(self.scale)
+        return x @ np.asarray(self.weights) + self.bias
+
+    def probabilities(self, features: np.ndarray) -> np.ndarray:
+        z = self.logits(features)
+        return 1.0 / (1.0 + np.exp(-np.clip(z, -60, 60)))
+
+    def to_dict(self) -> dict:
+        return {"names": list(self.names), "mean": self.mean, "scale": self.scale, "weights": self.weights,
+                "bias": self.bias, "threshold": self.threshold, **self.extra}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "FeatureModel":
+        names = tuple(data["names"])
+        if names != FEATURE_NAMES:
+            raise FeatureModelError(f"the model was fitted on features {', '.join(names)}; this version computes "
+                                    f"{', '.join(FEATURE_NAMES)}: retrain it with `evidentia train --kind features`")
+        known = {"names", "mean", "scale", "weights", "bias", "threshold"}
+        return cls(names, list(data["mean"]), list(data["scale"]), list(data["weights"]), float(data["bias"]),
+                   data.get("threshold"), {k: v for k, v in data.items() if k not in known})
+
+
+def _targets(labels: Sequence[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Soft labels as two weighted rows (label 1 with weight p, label 0 with 1 - p):
+    the logistic loss of a soft target, which scikit-learn takes as sample weights.
+    Returns (row index into the data, label, weight)."""
+    p = np.clip(np.asarray(labels, dtype=np.float64), 0.0, 1.0)
+    hard = (p == 0.0) | (p == 1.0)
+    idx_hard = np.flatnonzero(hard)
+    idx_soft = np.flatnonzero(~hard)
+    rows = np.concatenate([idx_hard, idx_soft, idx_soft])
+    y = np.concatenate([p[idx_hard], np.ones(len(idx_soft)), np.zeros(len(idx_soft))]).astype(int)
+    w = np.concatenate([np.ones(len(idx_hard)), p[idx_soft], 1.0 - p[idx_soft]])
+    return rows, y, w
+
+
+def fit(features: np.ndarray, labels: Sequence[float], weights: Sequence[float] | None = None,
+        regularisation: float = 1.0) -> FeatureModel:
+    """L2-regularised logistic regression on standardised features. ``labels``:
+    0/1 or a probability of relevance; ``weights``: per-row weight (default 1)."""
+    from sklearn.linear_model import LogisticRegression
+
+    x = np.asarray(features, dtype=np.float64)
+    if x.ndim != 2 or x.shape[1] != len(FEATURE_NAMES):
+        raise FeatureModelError(f"expected {len(FEATURE_NAMES)} features per row, got shape {x.shape}")
+    rows, y, w = _targets(labels)
+    if weights is not None:
+        w = w * np.asarray(weights, dtype=np.float64)[rows]
+    if len(set(y.tolist())) < 2:
+        raise FeatureModelError("the training data needs relevant and non-relevant pages")
+    mean = x.mean(axis=0)
+    scale = x.std(axis=0)
+    scale[scale == 0] = 1.0
+    z = (x - mean) / scale
+    model = LogisticRegression(C=regularisation, max_iter=2000)
+    model.fit(z[rows], y, sample_weight=w)
+    return FeatureModel(FEATURE_NAMES, mean.tolist(), scale.tolist(), model.coef_[0].tolist(),
+                        float(model.intercept_[0]))
+
+
+def out_of_fold(features: np.ndarray, labels: Sequence[float], groups: Sequence[str], weights=None,
+                folds: int = 5, regularisation: float = 1.0, seed: int = 0) -> np.ndarray:
+    """Each row's probability from a model fitted without its group (document):
+    held-out predictions on the training split, for the threshold and the
+    calibration check without touching the test split."""
+    import random
+
+    x = np.asarray(features, dtype=np.float64)
+    labels = np.asarray(labels, dtype=np.float64)
+    uniq = sorted(set(groups))
+    random.Random(seed).shuffle(uniq)
+    fold_of = {g: i % folds for i, g in enumerate(uniq)}
+    fold = np.asarray([fold_of[g] for g in groups])
+    out = np.zeros(len(x))
+    w = None if weights is None else np.asarray(weights, dtype=np.float64)
+    for k in range(min(folds, len(uniq))):
+        test = fold == k
+        train = ~test
+        model = fit(x[train], labels[train], None if w is None else w[train], regularisation)
+        out[test] = model.probabilities(x[test])
+    return out
+
+
+@dataclass(frozen=True)
+class ThresholdChoice:
+    threshold: float
+    recall_kept: float  # R@3 at t over R@3 unthresholded
+    pool_share: float  # pages returned / pages in the pool
+    sweep: list[dict]
+
+
+def choose_threshold(pools: Sequence[tuple[Sequence[float], Sequence[int]]], min_recall_kept: float = 0.9,
+                     max_pool_share: float = 0.5, k: int = 3) -> ThresholdChoice:
+    """The highest t that keeps at least ``min_recall_kept`` of the unthresholded
+    R@k while returning at most ``max_pool_share`` of the pool. ``pools``:
+    (probabilities, 0/1 labels) per query, every page of the pool."""
+    def recall_and_share(t: float) -> tuple[float, float]:
+        recalls, kept, total = [], 0, 0
+        for probs, labels in pools:
+            order = sorted(range(len(probs)), key=lambda i: -probs[i])
+            top = [i for i in order if probs[i] >= t][:k]
+            relevant = sum(labels)
+            if relevant:
+                recalls.append(sum(labels[i] for i in top) / relevant)
+            kept += sum(1 for p in probs if p >= t)
+            total += len(probs)
+        return (sum(recalls) / len(recalls) if recalls else 0.0), (kept / total if total else 0.0)
+
+    base, _ = recall_and_share(0.0)
+    sweep = []
+    best = None
+    for t in [round(x, 3) for x in np.arange(0.0, 0.501, 0.005)]:
+        recall, share = recall_and_share(t)
+        kept = recall / base if base else 0.0
+        sweep.append({"t": t, "R@3": round(recall, 4), "recall_kept": round(kept, 4), "pool_share": round(share, 4)})
+        if kept >= min_recall_kept and share <= max_pool_share:
+            best = (t, kept, share)
+    if best is None:
+        raise FeatureModelError(f"no threshold keeps {min_recall_kept:.0%} of R@{k} while returning at most "
+                                f"{max_pool_share:.0%} of the pool")
+    return ThresholdChoice(best[0], round(best[1], 4), round(best[2], 4), sweep)
+
+
+def sigmoid(z: float) -> float:
+    return 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))

