@@ -126,6 +126,8 @@ class ValidateResponse(BaseModel):
     pages: list[ValidatedPage] = Field(..., description="Supporting pages, best first.")
     reranker: str
     stage: Stage = Field(..., description="The first stage that built the candidate pool.")
+    stage_note: str | None = Field(None, description="Set when the server's default stage (hybrid) searched with "
+                                   "`bm25` because a document has no page embeddings; says how to add them.")
     fallback_reason: str | None = Field(None, description="Set when the reranker failed and the first-stage order "
                                         "was returned instead.")
     timings_ms: dict[str, float]

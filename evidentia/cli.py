@@ -96,7 +96,7 @@ def search(
     reranker: Optional[str] = typer.Option(None, "--reranker", help="none, llm or classifier "
                                            "(default EVIDENTIA_DEFAULT_RERANKER, none)."),
     stage: Optional[str] = typer.Option(None, "--stage", help="First stage: bm25, dense or hybrid "
-                                        "(default EVIDENTIA_STAGE, bm25)."),
+                                        "(default EVIDENTIA_STAGE, hybrid; bm25 with EVIDENTIA_DENSE=off)."),
     threshold: Optional[float] = typer.Option(None, "--threshold", help="Drop pages whose relevance probability is "
                                               "below T (classifier; default EVIDENTIA_CLASSIFIER_THRESHOLD, 0.15)."),
     strict: bool = typer.Option(False, "--strict", help=f"Exit with code {EXIT_FALLBACK} when the reranker could not "
@@ -104,8 +104,9 @@ def search(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ):
     """Rank the pages of the given documents for a question and its answer."""
-    from evidentia.retriever.base import BackendError, UnknownDocumentError
+    from evidentia.retriever.base import BackendError, MissingVectorsError, UnknownDocumentError
     from evidentia.retriever.dense import EmbeddingError
+    from evidentia.retriever.embed_cli import missing_vectors_note
 
     ctx = Context()
     if not question.strip():
@@ -121,8 +122,13 @@ def search(
     except UnknownDocumentError as exc:
         raise fail(f"{UnknownDocumentError(_external(exc.doc_ids))}; `evidentia docs` lists the indexed ones",
                    EXIT_BAD_INPUT)
+    except MissingVectorsError as exc:  # a stage asked for; the default one falls back to bm25
+        raise fail(str(MissingVectorsError(_external(exc.doc_ids))), EXIT_BACKEND)
     except BackendError as exc:
         raise fail(str(exc), EXIT_BACKEND)
+    stage_note = missing_vectors_note(_external(result.without_vectors)) if result.without_vectors else None
+    if stage_note:
+        typer.echo(f"warning: {stage_note}", err=True)
     note = result.note
     if result.fallback_reason:
         typer.echo(f"warning: the {result.reranker} reranker could not rank, so the {config.stage} order is "
@@ -133,7 +139,7 @@ def search(
              **({"probability": round(p.probability, 6)} if p.probability is not None else {}),
              "snippet": p.snippet}
             for p in result.pages
-        ], "tenant": tenant, "stage": config.stage, "reranker": result.reranker, "threshold": config.threshold,
+        ], "tenant": tenant, "stage": result.stage, "stage_note": stage_note, "reranker": result.reranker, "threshold": config.threshold,
             "fallback": result.fallback_reason is not None, "fallback_reason": result.fallback_reason,
             "candidates": len(result.candidates), "note": note}, ensure_ascii=False))
     else:
@@ -253,6 +259,10 @@ app.add_typer(models_app, name="models")
 from evidentia.api.cli import keys_app, serve_command  # noqa: E402
 
 app.command("serve")(serve_command)
+
+from evidentia.retriever.embed_cli import embed_command  # noqa: E402
+
+app.command("embed")(embed_command)
 app.add_typer(keys_app, name="keys")
 
 

@@ -20,6 +20,8 @@ from typing import Any, Callable, Mapping
 BACKENDS = ("embedded", "elasticsearch")
 # First stages: how the candidate pool handed to the reranker is retrieved.
 STAGES = ("bm25", "dense", "hybrid")
+# Where the embedder runs (evidentia/runtime.py, retriever/dense.py).
+RUNTIMES = ("auto", "onnx", "torch")
 OCR_MODES = ("on", "off", "force")
 PREFIX = "EVIDENTIA_"
 
@@ -114,6 +116,10 @@ def setting(default: Any = None, help: str = "", *, parse: Callable[[str], Any] 
     return field(default=default, metadata=metadata)
 
 
+class _DefaultStage(str):
+    """The first stage nobody chose: ``hybrid`` with dense retrieval on, else ``bm25``."""
+
+
 def _default_data_dir() -> Path:
     return Path.home() / ".evidentia"
 
@@ -132,8 +138,12 @@ class Settings:
                                          "terminal (CI logs, `tee`); a terminal gets a live bar", parse=positive_float)
     # -- first stage
     pool_size: int = setting(20, "candidate pool size (`--top-k` overrides)", parse=positive_int)
-    stage: str = setting("bm25", "first stage: `bm25`, `dense` or `hybrid` (see Dense and hybrid retrieval)",
-                         parse=choice(*STAGES))
+    # hybrid: BM25 + dense fused (R@20 0.880 against bm25's 0.831 on financebench-dev); with
+    # dense off nothing gets vectors, so the default is bm25 there (see __post_init__).
+    stage: str = setting(help="first stage: `bm25`, `dense` or `hybrid` (see Dense and hybrid retrieval); `bm25` "
+                         "is the default with `EVIDENTIA_DENSE=off`, and the default stage searches a document "
+                         "without page embeddings with `bm25`",
+                         parse=choice(*STAGES), factory=lambda: _DefaultStage("hybrid"), shown="hybrid")
     # Characters of a page fed to langdetect; see evidentia/language.py for why it is short.
     language_probe_chars: int = setting(400, "characters of a page that langdetect reads when the stop-word vote "
                                         "is unclear", parse=positive_int)
@@ -141,10 +151,15 @@ class Settings:
                           parse=switch, shown="on")
     dense_model: str = setting("all-MiniLM-L6-v2", "sentence-transformers model directory (or hub name); a "
                                "multilingual one for non-English documents")
-    dense_batch_size: int = setting(32, "windows per encoder batch", parse=positive_int)
+    dense_runtime: str = setting("auto", "`auto`: int8 ONNX Runtime on a CPU, torch where a CUDA GPU is present; "
+                                 "`onnx` or `torch` to force one (see Speed on a CPU)", parse=choice(*RUNTIMES))
+    dense_batch_size: int = setting(32, "windows per encoder batch (at least 128 on a GPU)", parse=positive_int)
+    # Windows of a page (retriever/dense.py says how they were chosen).
+    # 256/32/8, not the cheaper 128/0/4 measured in docs/BENCHMARKS.md section 11: the shipped
+    # relevance model (section 8) was trained on 256/32/8 page vectors and reads them from the index
     dense_max_tokens: int = setting(256, "tokens per window (capped at the model's own limit)", parse=positive_int)
     dense_window_overlap: int = setting(32, "tokens shared by neighbouring windows", parse=non_negative_int)
-    dense_max_windows: int = setting(8, "windows per page: bounds the cost of very long pages", parse=positive_int)
+    dense_max_windows: int = setting(8, "windows per page: bounds the cost of long pages", parse=positive_int)
     hybrid_weights: tuple[float, float] = setting((1.0, 1.0), "RRF weights of bm25, dense", parse=weights,
                                                   shown="1,1")
     rrf_k: int = setting(60, "RRF constant k", parse=positive_int)
@@ -199,7 +214,9 @@ class Settings:
     classifier_window_overlap: int | None = setting(None, "tokens shared by classifier windows (default: as "
                                                     "trained)", parse=non_negative_int)
     # On small shared VMs one thread per process is often much faster than oversubscribed cores.
-    torch_threads: int | None = setting(None, "torch intra-op threads (default: torch's own)", parse=positive_int)
+    threads: int | None = setting(None, "intra-op threads of each model (ONNX Runtime and torch); the older name "
+                                  "`EVIDENTIA_TORCH_THREADS` still works", parse=positive_int,
+                                  env=("EVIDENTIA_TORCH_THREADS",), shown="half the usable CPUs, 1 to 4")
     # -- retraining
     retrain_base_data: Path | None = setting(None, "base training records merged with feedback by `evidentia "
                                              "retrain`", parse=path)
@@ -269,6 +286,24 @@ class Settings:
                         raise ConfigError(f"{name} must be {exc}, not {raw!r}") from None
                     break
         return cls(**values)
+
+    def __post_init__(self) -> None:
+        # The default first stage follows EVIDENTIA_DENSE (a stage set explicitly is kept,
+        # and a server then says when it cannot serve it).
+        if isinstance(self.stage, _DefaultStage):
+            object.__setattr__(self, "stage", _DefaultStage("hybrid" if self.dense else "bm25"))
+
+    @property
+    def inference_threads(self) -> int:
+        """EVIDENTIA_THREADS, or the default for this machine (evidentia/runtime.py)."""
+        from evidentia.runtime import default_threads
+
+        return self.threads or default_threads()
+
+    @property
+    def torch_threads(self) -> int:
+        """The older name of ``inference_threads`` (callers that set torch's threads)."""
+        return self.inference_threads
 
     def with_(self, **changes) -> "Settings":
         return replace(self, **changes)

@@ -25,7 +25,7 @@ from evidentia.records import Candidate, Query, RankedPage
 from evidentia.reranker.base import Reranker
 from evidentia.reranker.cache import RerankerCache
 from evidentia.reranker.registry import create_reranker, reranker_class, reranker_names
-from evidentia.retriever.base import SearchBackend
+from evidentia.retriever.base import MissingVectorsError, SearchBackend
 from evidentia.retriever.query import build_query
 from evidentia.retriever.stages import BM25Retriever, DenseRetriever, FirstStage, HybridRetriever
 
@@ -54,6 +54,9 @@ class RunConfig:
     reranker: str = "none"
     threshold: float | None = None  # None: the reranker keeps every page it ranks
     pool_size: int = 20
+    # The default stage (hybrid, nobody asked for it) searches documents without page
+    # vectors with bm25 and says so; a stage asked for raises MissingVectorsError.
+    bm25_fallback: bool = False
 
     @property
     def label(self) -> str:
@@ -109,6 +112,12 @@ class SearchResult:
     model_version: str | None = None
     info: dict = field(default_factory=dict)
     timings_ms: dict[str, float] = field(default_factory=dict)
+    without_vectors: tuple[str, ...] = ()  # set when the default hybrid stage fell back to bm25 for these
+
+    @property
+    def stage(self) -> str:
+        """The first stage that built the pool: bm25 when hybrid fell back."""
+        return "bm25" if self.without_vectors else self.config.stage
 
     @property
     def note(self) -> str | None:
@@ -211,12 +220,9 @@ class Engine:
 
     def load_embedder(self) -> "PageEmbedder":
         """The embedder with its model loaded; EmbeddingError (a ConfigError) when it cannot be."""
-        from evidentia.reranker.classifier_model import set_torch_threads
-
         embedder = self.embedder
         if not embedder.loaded:
-            set_torch_threads(self.settings.torch_threads)
-            embedder.model  # noqa: B018 (loads it, once, under the embedder's lock)
+            embedder.load()  # once, under the embedder's lock (the ONNX export on first use, then cached)
         return embedder
 
     def close(self) -> None:
@@ -234,6 +240,7 @@ class Engine:
         s = self.settings
         problems: list[tuple[str, str]] = []
         source = "" if stage else " (the default, EVIDENTIA_STAGE)"
+        fallback = not stage
         stage = (stage or s.stage).strip().lower()
         if stage not in STAGES:
             problems.append(("stage", f"must be one of {', '.join(STAGES)}, not {stage!r}"))
@@ -262,7 +269,8 @@ class Engine:
             problems.append(("pool_size", f"at most {s.max_top_k} (EVIDENTIA_MAX_TOP_K), got {pool}"))
         if problems:
             raise RunConfigError(problems)
-        return RunConfig(stage=stage, reranker=name, threshold=threshold, pool_size=pool)
+        return RunConfig(stage=stage, reranker=name, threshold=threshold, pool_size=pool,
+                         bm25_fallback=fallback and stage == "hybrid")
 
     def check_text(self, question: str, answer: str) -> None:
         """The limits on a question and its answer, the same for the CLI and the API
@@ -315,7 +323,14 @@ class Engine:
         timings: dict[str, float] = {}
         reranker = reranker if reranker is not None else self.reranker(config)
         t1 = time.perf_counter()
-        candidates = self.retrieve(query, doc_ids, config.stage, config.pool_size, timings)
+        without: tuple[str, ...] = ()
+        try:
+            candidates = self.retrieve(query, doc_ids, config.stage, config.pool_size, timings)
+        except MissingVectorsError as exc:
+            if not config.bm25_fallback:
+                raise
+            without = tuple(exc.doc_ids)
+            candidates = self.retrieve(query, doc_ids, "bm25", config.pool_size, timings)
         t2 = time.perf_counter()
         with self.rerankers.gate(reranker, deadline) as waited:
             if deadline is not None and time.monotonic() > deadline:
@@ -331,7 +346,8 @@ class Engine:
                         "rerank": (t4 - t3) * 1000, "total": (t4 - t0) * 1000})
         return SearchResult(query=query, candidates=candidates, pages=result.pages, config=config,
                             reranker=reranker.name, fallback_reason=result.fallback_reason,
-                            model_version=reranker.model_version, info=result.info, timings_ms=timings)
+                            model_version=reranker.model_version, info=result.info, timings_ms=timings,
+                            without_vectors=without)
 
     def search(self, question: str, answer: str, doc_ids: Sequence[str], config: RunConfig,
                **kwargs) -> SearchResult:

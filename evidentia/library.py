@@ -17,12 +17,14 @@ import shutil
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from evidentia.engine import Engine
-from evidentia.indexing import IndexSummary
 from evidentia.store import TENANT_RE, Store, store_path, uploads_dir
 from evidentia.tenants import DEFAULT_TENANT, internal_id, split_internal_id
+
+if TYPE_CHECKING:  # pragma: no cover - evidentia.indexing imports PyMuPDF (and, through it, onnxruntime):
+    from evidentia.indexing import IndexSummary  # a search must not pay for that
 
 
 class LibraryError(ValueError):
@@ -72,7 +74,7 @@ class Library:
         return tenant
 
     # -- indexing ---------------------------------------------------------------
-    def index(self, tenant: str | None, paths: Sequence[Path], progress: bool = True) -> IndexSummary:
+    def index(self, tenant: str | None, paths: Sequence[Path], progress: bool = True) -> "IndexSummary":
         """Index PDFs for ``tenant`` and record them in the store as `ready`, with a
         copy of each file for the page images. A file that fails leaves its
         previous version (if any) as it was."""

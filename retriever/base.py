@@ -32,7 +32,9 @@ class MissingVectorsError(BackendError):
         super().__init__(
             f"no page embeddings for document(s) {shown}: they were indexed with EVIDENTIA_DENSE=off "
             f"(or before dense retrieval existed), so the dense and hybrid stages cannot search them; "
-            f"index them again with EVIDENTIA_DENSE=on, or use the bm25 stage")
+            f"`evidentia embed {' '.join('--doc ' + d for d in self.doc_ids[:10])}` adds them from the indexed "
+            f"page text (no re-extraction), or index them again "
+            f"with EVIDENTIA_DENSE=on, or use the bm25 stage")
 
 
 class VectorModelError(BackendError):
@@ -91,6 +93,25 @@ class SearchBackend(ABC):
 
     def get_document(self, doc_id: str) -> DocumentInfo | None:
         return next((d for d in self.list_documents() if d.doc_id == doc_id), None)
+
+    def vector_models(self, doc_ids: Sequence[str]) -> dict[str, str | None]:
+        """The embedding model of each indexed document's page vectors (None: indexed
+        without vectors); ids that are not indexed are left out."""
+        raise BackendError(f"{type(self).__name__} does not store page vectors")
+
+    def stored_document(self, doc_id: str) -> Document | None:
+        """The document as indexed (all its pages, from the index, without vectors):
+        what ``evidentia embed`` embeds without extracting the PDF again."""
+        info = self.get_document(doc_id)
+        if info is None:
+            return None
+        pages = []
+        for n in range(1, info.pages + 1):
+            page = self.get_page(doc_id, n)
+            if page is None:  # replaced or deleted meanwhile
+                return None
+            pages.append(page)
+        return Document(doc_id=doc_id, pages=tuple(pages), source=info.source)
 
     def close(self) -> None:
         """Release files or connections."""

@@ -499,6 +499,11 @@ class ElasticsearchBackend(SearchBackend):
                 out[doc_id] = {"generation": src["generation"], "vectors": (src.get("meta") or {}).get("vectors")}
         return out
 
+    def vector_models(self, doc_ids: Sequence[str]) -> dict[str, str | None]:
+        with self._errors("read documents"):
+            records = self._records(list(dict.fromkeys(doc_ids)))
+        return {d: (r["vectors"] or {}).get("model") for d, r in records.items()}
+
     def search_dense(self, query_vector, doc_ids: Sequence[str], top_k: int,
                      model: str | None = None) -> list[Candidate]:
         doc_ids = list(dict.fromkeys(doc_ids))

@@ -386,6 +386,9 @@ class TantivyBackend(SearchBackend):
         return results
 
     # -- dense search ----------------------------------------------------------
+    def vector_models(self, doc_ids: Sequence[str]) -> dict[str, str | None]:
+        return {d: (m.get("vectors") or {}).get("model") for d, m in self._doc_records(list(doc_ids))}
+
     def page_vectors(self, doc_id: str) -> PageVectors | None:
         """The stored vectors of a document (float16 as stored), None without any."""
         meta = self._doc_record(doc_id)

@@ -91,8 +91,9 @@ def test_upload_gets_vectors_and_hybrid_finds_the_paraphrased_page(dense):
         assert body["pages"][0]["document_id"] == "report" and body["pages"][0]["page"] == 2, body
         assert len(body["pages"]) <= 3
         assert "embed_query" in body["timings_ms"]
-    default = validate(client, headers, ["report"])  # EVIDENTIA_STAGE defaults to bm25
-    assert default.status_code == 200 and default.json()["stage"] == "bm25"
+    default = validate(client, headers, ["report"])  # EVIDENTIA_STAGE defaults to hybrid (dense on)
+    assert default.status_code == 200 and default.json()["stage"] == "hybrid"
+    assert default.json()["stage_note"] is None
 
 
 def test_dense_on_a_document_uploaded_while_dense_was_off_is_409(dense):
@@ -105,6 +106,12 @@ def test_dense_on_a_document_uploaded_while_dense_was_off_is_409(dense):
         assert "EVIDENTIA_DENSE=off" in message and "upload them again" in message and '"bm25"' in message
     # BM25 still searches it
     assert validate(client, headers, ["old-report"], stage="bm25").status_code == 200
+    # the server's default stage (hybrid) searches them with bm25 instead, and says so
+    default = validate(client, headers, ["report", "old-report"])
+    assert default.status_code == 200, default.text
+    note = default.json()["stage_note"]
+    assert default.json()["stage"] == "bm25" and "old-report" in note and "upload them again" in note
+    assert ":old-report" not in note  # the caller's id, no tenant prefix
 
 
 def test_unknown_stage_is_422(dense):

@@ -17,6 +17,7 @@ PACKAGES = {"evidentia": "evidentia", "indexer": "evidentia.indexer", "retriever
 # Which layer may import which: a layer imports only from layers listed for it.
 # core <- indexer <- retriever <- reranker <- engine <- (evaluation, training) <- cli, api
 CORE = {"evidentia.config", "evidentia.records", "evidentia.text", "evidentia.language", "evidentia.store",
+        "evidentia.runtime",
         "evidentia.tenants", "evidentia.progress", "evidentia.samples", "evidentia.es_mappings"}
 LAYERS = {
     "core": set(),

@@ -108,21 +108,18 @@ def test_embeddings_are_normalised_window_vectors(embedder):
 
 
 def test_long_pages_are_covered_by_overlapping_windows(embedder):
-    small = PageEmbedder(max_tokens=34, window_overlap=8, max_windows=50)
-    small._model = embedder.model  # same weights, no second load
+    small = embedder.with_windows(max_tokens=34, window_overlap=8, max_windows=50)  # same model, no second load
     words = [f"w{i}x" for i in range(300)]  # distinct, several word pieces each
     text = " ".join(words)
     windows = small.windows(text)
-    tokenizer = embedder.model.tokenizer
-    sizes = [len(tokenizer(w, add_special_tokens=False)["input_ids"]) for w in windows]
+    sizes = [embedder.token_count(w) for w in windows]
     assert len(windows) > 5 and max(sizes) <= 32  # 34 less [CLS] and [SEP]
     assert windows[0].startswith("w0x") and windows[-1].endswith("w299x")
     # every word is in some window, and neighbours share text
     assert all(any(w in win.split() for win in windows) for w in words)
     assert all(set(a.split()[-2:]) & set(b.split()) for a, b in zip(windows, windows[1:]))
     # the cap bounds the cost of a huge page; a short page is one window; an empty one none
-    capped = PageEmbedder(max_tokens=34, window_overlap=8, max_windows=3)
-    capped._model = embedder.model
+    capped = embedder.with_windows(max_tokens=34, window_overlap=8, max_windows=3)
     assert len(capped.windows(text)) == 3 and capped.windows(text)[0] == windows[0]
     assert small.windows("Short page.") == ["Short page."]
     assert small.windows("") == [] and small.windows("   \n ") == []
@@ -141,8 +138,7 @@ def test_long_pages_are_covered_by_overlapping_windows(embedder):
 
 
 def test_progress_reports_every_page_once(embedder):
-    small = PageEmbedder(batch_size=1, max_tokens=16, window_overlap=0)
-    small._model = embedder.model
+    small = embedder.with_windows(batch_size=1, max_tokens=16, window_overlap=0)
     pages = (page("d", 1, " ".join(["alpha"] * 40)), empty("d", 2), page("d", 3, "beta gamma"),
              page("d", 4, " ".join(["delta"] * 30)))
     reports: list[int] = []
@@ -272,8 +268,14 @@ def test_engine_settings_and_errors(tmp_path, embedder, detector):
     built = Engine(settings, backend=backend).first_stage("dense")
     assert isinstance(built.embedder, PageEmbedder)
     backend.index_document(report("plain"))
-    with pytest.raises(MissingVectorsError):
-        engine.search(QUESTION, ANSWER, ["plain"], engine.config())
+    # the default stage searches documents without vectors with bm25 (and the result says so)
+    fell_back = engine.search(QUESTION, ANSWER, ["plain"], engine.config())
+    assert fell_back.stage == "bm25" and fell_back.without_vectors == ("plain",)
+    bm25 = engine.search(QUESTION, ANSWER, ["plain"], engine.config(stage="bm25"))
+    assert hits(fell_back.candidates) == hits(bm25.candidates) and bm25.without_vectors == ()
+    # a stage asked for explicitly raises, saying how to add the vectors
+    with pytest.raises(MissingVectorsError, match="evidentia embed --doc plain"):
+        engine.search(QUESTION, ANSWER, ["plain"], engine.config(stage="hybrid"))
 
 
 def test_eval_runner_runs_each_stage(tmp_path, embedder, embedded_report, detector):

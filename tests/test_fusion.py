@@ -143,7 +143,7 @@ def test_first_stages_and_configuration_strings():
 
 def test_settings_of_the_first_stage():
     s = Settings.from_env({})
-    assert (s.stage, s.dense, s.rrf_k, s.hybrid_weights, s.hybrid_depth) == ("bm25", True, 60, (1.0, 1.0), 2)
+    assert (s.stage, s.dense, s.rrf_k, s.hybrid_weights, s.hybrid_depth) == ("hybrid", True, 60, (1.0, 1.0), 2)  # issue #14: hybrid by default
     assert s.dense_model == "all-MiniLM-L6-v2"
     s = Settings.from_env({"EVIDENTIA_STAGE": "Hybrid", "EVIDENTIA_DENSE": "off", "EVIDENTIA_HYBRID_WEIGHTS": "1, 0.5",
                            "EVIDENTIA_RRF_K": "20", "EVIDENTIA_DENSE_MODEL": "/models/multilingual"})

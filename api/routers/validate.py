@@ -70,9 +70,11 @@ def _external(doc_ids) -> list[str]:
                 "(`bm25`, `dense` or `hybrid`; default EVIDENTIA_STAGE), then reranks it. Every document must be "
                 "yours and `ready`. The `validation_id` of the answer is what POST /v1/feedback refers to.\n\n"
                 "`dense` and `hybrid` need EVIDENTIA_DENSE=on on the server (422 `validation_error` on `stage` "
-                "otherwise), and documents whose pages were embedded when they were uploaded: a document uploaded "
-                "while EVIDENTIA_DENSE was off answers 409 `missing_vectors` (upload it again, or use `bm25`), "
-                "one embedded with another EVIDENTIA_DENSE_MODEL 409 `vector_model_mismatch`.",
+                "otherwise), and documents whose pages were embedded when they were uploaded. The server's default "
+                "stage (hybrid, no `stage` sent) searches a document uploaded while EVIDENTIA_DENSE was off with "
+                "`bm25` and says so (`stage` `bm25`, `stage_note`); a `stage` sent explicitly answers 409 "
+                "`missing_vectors` for it (upload it again, or use `bm25`), and one embedded with another "
+                "EVIDENTIA_DENSE_MODEL 409 `vector_model_mismatch`.",
     responses={
         **errors(400, 401, 404, 409, 422, 429, 503, 504),
         409: {"model": ErrorResponse, "description": (
@@ -165,7 +167,8 @@ async def validate(body: ValidateRequest, request: Request, caller: Caller = Dep
     m.validation_seconds.labels(result.reranker).observe(timings["total"] / 1000)
     if result.fallback_reason:
         m.fallbacks.labels(result.reranker).inc()
-    return ValidateResponse(validation_id=validation.validation_id, pages=pages, reranker=result.reranker, stage=stage,
+    return ValidateResponse(validation_id=validation.validation_id, pages=pages, reranker=result.reranker,
+                            stage=result.stage, stage_note=_stage_note(result.without_vectors),
                             fallback_reason=result.fallback_reason,
                             timings_ms={k: round(v, 2) for k, v in timings.items()}, model_version=version,
                             candidates=len(result.candidates), note=result.note)
@@ -187,3 +190,11 @@ async def _rerank_awaited(services: Services, request: Request, reranker: Rerank
     return dataclasses.replace(first, pages=reranked.pages, reranker=reranker.name,
                                fallback_reason=reranked.fallback_reason, model_version=reranker.model_version,
                                info=reranked.info, timings_ms=timings)
+
+
+def _stage_note(without_vectors) -> str | None:
+    """Why the default stage searched with bm25, in the caller's terms (their ids; they upload, not run the CLI)."""
+    if not without_vectors:
+        return None
+    return (f"searched with bm25: document(s) {', '.join(_external(without_vectors))} have no page embeddings "
+            f"(uploaded while EVIDENTIA_DENSE was off); upload them again to search them with the hybrid stage")

@@ -1,0 +1,60 @@
+"""Where models run: CPU threads and whether a CUDA GPU is there, decided without
+importing torch when no NVIDIA device exists (a search on a laptop never pays
+torch's start-up just to learn there is no GPU)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+MAX_DEFAULT_THREADS = 4
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (a container's or taskset's limit, not the host's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def default_threads(cpus: int | None = None) -> int:
+    """Intra-op threads of one model when EVIDENTIA_THREADS is unset: half the
+    usable CPUs, at least 1, at most 4.
+
+    Why half: a laptop's logical CPUs are mostly hyper-threads of half as many
+    cores, and matrix kernels gain nothing from a core's second thread; a
+    2-core VM keeps one core for PDF extraction, tokenizing, the web server and
+    everything else the machine runs (measured in docs/BENCHMARKS.md: on the
+    shared 2-core machine two threads were slower than one). Why at most 4: a
+    MiniLM-sized batch stops scaling there, and the API serves more requests by
+    leaving cores to them."""
+    cpus = usable_cpus() if cpus is None else cpus
+    return max(1, min(MAX_DEFAULT_THREADS, cpus // 2))
+
+
+def nvidia_device_present() -> bool:
+    """A cheap look for an NVIDIA driver (no torch import)."""
+    return Path("/proc/driver/nvidia").exists() or Path("/dev/nvidia0").exists()
+
+
+def cuda_available() -> bool:
+    """True when torch can use a CUDA GPU. Imports torch only when an NVIDIA
+    driver is present, so a CPU machine answers in microseconds."""
+    if not nvidia_device_present():
+        return False
+    try:
+        import torch
+    except ImportError:  # pragma: no cover
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def set_torch_threads(threads: int) -> None:
+    """torch's intra-op threads; only when torch is already imported (setting them
+    must not be the reason torch loads)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None and threads > 0 and torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)

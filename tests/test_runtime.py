@@ -1,0 +1,66 @@
+"""Threads and devices (evidentia/runtime.py) and the settings that choose them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from evidentia import runtime
+from evidentia.config import ConfigError, Settings
+
+
+@pytest.mark.parametrize("cpus, threads", [(1, 1), (2, 1), (3, 1), (4, 2), (8, 4), (16, 4), (64, 4)])
+def test_default_threads_leave_room_on_small_machines(cpus, threads):
+    assert runtime.default_threads(cpus) == threads
+
+
+def test_usable_cpus_follow_the_affinity_mask():
+    import os
+
+    if not hasattr(os, "sched_getaffinity"):
+        pytest.skip("no CPU affinity on this platform")
+    assert runtime.usable_cpus() == len(os.sched_getaffinity(0))
+
+
+def test_no_gpu_is_found_without_importing_torch():
+    if runtime.nvidia_device_present():
+        pytest.skip("an NVIDIA driver is present: torch is asked")
+    code = ("import sys; from evidentia import runtime; "
+            "assert runtime.cuda_available() is False; assert 'torch' not in sys.modules")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+def test_set_torch_threads_never_imports_torch():
+    code = ("import sys; from evidentia.runtime import set_torch_threads; set_torch_threads(1); "
+            "assert 'torch' not in sys.modules")
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+def test_threads_setting_and_its_old_name():
+    assert Settings.from_env({}).threads is None
+    assert Settings.from_env({}).inference_threads == runtime.default_threads()
+    assert Settings.from_env({"EVIDENTIA_THREADS": "3"}).inference_threads == 3
+    assert Settings.from_env({"EVIDENTIA_TORCH_THREADS": "2"}).inference_threads == 2  # still honoured
+    both = Settings.from_env({"EVIDENTIA_THREADS": "3", "EVIDENTIA_TORCH_THREADS": "2"})
+    assert both.inference_threads == 3 and both.torch_threads == 3
+    with pytest.raises(ConfigError, match="EVIDENTIA_THREADS"):
+        Settings.from_env({"EVIDENTIA_THREADS": "zero"})
+
+
+def test_dense_runtime_setting():
+    assert Settings.from_env({}).dense_runtime == "auto"
+    assert Settings.from_env({"EVIDENTIA_DENSE_RUNTIME": "Torch"}).dense_runtime == "torch"
+    with pytest.raises(ConfigError, match="EVIDENTIA_DENSE_RUNTIME must be one of auto, onnx, torch"):
+        Settings.from_env({"EVIDENTIA_DENSE_RUNTIME": "tensorrt"})
+
+
+def test_default_stage_follows_dense_retrieval():
+    assert Settings.from_env({}).stage == "hybrid"
+    assert Settings.from_env({"EVIDENTIA_DENSE": "off"}).stage == "bm25"
+    assert Settings.from_env({"EVIDENTIA_DENSE": "off", "EVIDENTIA_STAGE": "hybrid"}).stage == "hybrid"  # as asked
+    assert Settings().stage == "hybrid" and Settings(dense=False).stage == "bm25"
+    assert Settings().with_(dense=False).stage == "bm25"
+    assert Settings(stage="dense").with_(dense=False).stage == "dense"
