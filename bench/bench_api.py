@@ -173,9 +173,19 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
 
 
-def run_load(http: Http, reranker: str, clients: int, total: int, budget_s: float, document_ids: list[str],
-             top_k: int, stop: threading.Event | None = None) -> dict:
-    """``clients`` threads share ``total`` requests; a level stops at ``budget_s`` (or at ``stop``)."""
+def sample_bodies(document_ids: list[str], top_k: int, reranker: str):
+    """The validate body of the i-th request: the sample questions in turn."""
+    def body(i: int) -> dict:
+        q, a = QUESTIONS[i % len(QUESTIONS)]
+        return {"question": q, "answer": a, "top_k": top_k, "document_ids": document_ids, "reranker": reranker}
+
+    return body
+
+
+def run_load(http: Http, reranker: str, clients: int, total: int, budget_s: float, body_for,
+             stop: threading.Event | None = None, timeout: float = 120.0) -> dict:
+    """``clients`` threads share ``total`` POST /v1/validate requests, the i-th with
+    body ``body_for(i)``; a level stops at ``budget_s`` (or at ``stop``)."""
     latencies: list[float] = []
     errors: dict[int, int] = {}
     lock = threading.Lock()
@@ -190,11 +200,10 @@ def run_load(http: Http, reranker: str, clients: int, total: int, budget_s: floa
                 if issued[0] >= total or time.monotonic() > deadline or (stop is not None and stop.is_set()):
                     return
                 issued[0] += 1
-            q, a = QUESTIONS[i % len(QUESTIONS)]
+            body = body_for(i)
             i += clients
             t0 = time.perf_counter()
-            status, _ = client_http.json("POST", "/v1/validate", {"question": q, "answer": a, "top_k": top_k,
-                                                                  "document_ids": document_ids, "reranker": reranker})
+            status, _ = client_http.json("POST", "/v1/validate", body, timeout=timeout)
             dt = time.perf_counter() - t0
             with lock:
                 if status == 200:
@@ -301,9 +310,10 @@ def main() -> int:
                 if left() < 60:
                     log("time budget nearly spent: skipping the remaining levels")
                     break
-                run_load(http, reranker, clients, min(clients, 4), 30, document_ids, args.top_k)  # warm-up
+                bodies = sample_bodies(document_ids, args.top_k, reranker)
+                run_load(http, reranker, clients, min(clients, 4), 30, bodies)  # warm-up
                 row = run_load(http, reranker, clients, REQUESTS[reranker][clients],
-                               min(args.level_seconds, left() - 50), document_ids, args.top_k)
+                               min(args.level_seconds, left() - 50), bodies)
                 levels.append(row)
                 log(f"{reranker:>10} x{clients:<2}  {row['requests']:4d} req  p50 {row['p50_ms']:8.1f} ms  "
                     f"p95 {row['p95_ms']:8.1f} ms  {row['req_per_s']:7.2f} req/s  errors {row['errors'] or '-'}")
@@ -312,10 +322,11 @@ def main() -> int:
         if left() > 60:
             big = write_pdf(workdir / "big-report.pdf", report_pages(args.big_pages, seed=2, sentences_per_page=30))
             stop = threading.Event()
-            baseline = run_load(http, "none", 4, 200, 10, document_ids, args.top_k)
+            baseline = run_load(http, "none", 4, 200, 10, sample_bodies(document_ids, args.top_k, "none"))
             during: dict = {}
             loader = threading.Thread(target=lambda: during.update(run_load(
-                http, "none", 4, 100_000, max(10.0, left() - 30), document_ids, args.top_k, stop)), daemon=True)
+                http, "none", 4, 100_000, max(10.0, left() - 30), sample_bodies(document_ids, args.top_k, "none"),
+                stop)), daemon=True)
             loader.start()
             t0 = time.perf_counter()
             status, body = http.upload(big, "big-report")

@@ -34,12 +34,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_api import Http, evidentia_exe, free_port, percentile, wait_status  # noqa: E402
+from bench_api import Http, evidentia_exe, free_port, run_load, wait_status  # noqa: E402
 
 from evidentia.config import Settings  # noqa: E402
 from evidentia.language import LanguageDetector  # noqa: E402
@@ -89,45 +88,14 @@ def cli_search(env: dict, doc_id: str, question: str, answer: str, *extra: str) 
     return seconds, children_cpu() - c0, done.returncode, (done.stderr.strip().splitlines() or [""])[-1]
 
 
-def api_load(http: Http, queries: list[dict], doc_ids: dict[str, str], reranker: str, clients: int,
-             total: int, budget_s: float) -> dict:
-    latencies: list[float] = []
-    errors: dict[int, int] = {}
-    lock = threading.Lock()
-    issued = [0]
-    deadline = time.monotonic() + budget_s
+def validate_bodies(queries: list[dict], doc_ids: dict[str, str], reranker: str):
+    """The validate body of the i-th request: the financebench queries in turn."""
+    def body(i: int) -> dict:
+        q = queries[i % len(queries)]
+        return {"question": q["question"], "answer": q["answer"], "document_ids": [doc_ids[q["doc_id"]]],
+                "reranker": reranker}
 
-    def client(n: int) -> None:
-        mine = Http(http.base, http.key)
-        i = n
-        while True:
-            with lock:
-                if issued[0] >= total or time.monotonic() > deadline:
-                    return
-                issued[0] += 1
-            q = queries[i % len(queries)]
-            i += clients
-            t0 = time.perf_counter()
-            status, _ = mine.json("POST", "/v1/validate", {
-                "question": q["question"], "answer": q["answer"], "document_ids": [doc_ids[q["doc_id"]]],
-                "reranker": reranker}, timeout=300)
-            dt = time.perf_counter() - t0
-            with lock:
-                if status == 200:
-                    latencies.append(dt)
-                else:
-                    errors[status] = errors.get(status, 0) + 1
-
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=client, args=(n,), daemon=True) for n in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
-    return {"reranker": reranker, "clients": clients, "requests": len(latencies), "errors": errors,
-            "p50_ms": round(1000 * percentile(latencies, 50), 1), "p95_ms": round(1000 * percentile(latencies, 95), 1),
-            "req_per_s": round(len(latencies) / wall, 2) if wall > 0 else 0.0}
+    return body
 
 
 def main() -> int:
@@ -283,7 +251,8 @@ def run_api(args, pdfs: list[Path], queries: list[dict], work: Path) -> dict:
         for reranker in ("none",) + (() if args.skip_classifier else ("classifier",)):
             for clients in (1, 4):
                 log(f"API {reranker} x{clients} ... {load()}")
-                row = api_load(http, mine, doc_ids, reranker, clients, args.api_requests, budget_s=300)
+                row = run_load(http, reranker, clients, args.api_requests, 300, validate_bodies(mine, doc_ids, reranker),
+                               timeout=300)
                 row["load"] = load()
                 levels.append(row)
         out["validate"] = levels
