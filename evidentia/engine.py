@@ -24,7 +24,7 @@ from evidentia.language import LanguageDetector
 from evidentia.records import Candidate, Query, RankedPage
 from evidentia.reranker.base import Reranker
 from evidentia.reranker.cache import RerankerCache
-from evidentia.reranker.registry import create_reranker, reranker_class, reranker_names
+from evidentia.reranker.registry import reranker_class, reranker_names
 from evidentia.retriever.base import MissingVectorsError, SearchBackend
 from evidentia.retriever.query import build_query
 from evidentia.retriever.stages import BM25Retriever, DenseRetriever, FirstStage, HybridRetriever
@@ -145,8 +145,7 @@ class Engine:
     loaded once per process. Safe to share between threads."""
 
     def __init__(self, settings: Settings, *, backend: SearchBackend | None = None,
-                 embedder: "PageEmbedder | None" = None, dense_queries: bool = True,
-                 reranker_factory: Callable[..., Reranker] = create_reranker) -> None:
+                 embedder: "PageEmbedder | None" = None, dense_queries: bool = True) -> None:
         """``backend`` and ``embedder`` are opened from the settings unless given
         (tests and benchmarks share theirs). ``dense_queries`` False refuses the
         dense and hybrid stages up front: a server with EVIDENTIA_DENSE=off loads
@@ -159,7 +158,8 @@ class Engine:
         self._embedder = embedder
         self._ocr: "OcrEngine | None" = None
         self._lock = threading.Lock()
-        self.rerankers = RerankerCache(settings, factory=reranker_factory)
+        # rerankers that encode text share the engine's embedder: one model per process
+        self.rerankers = RerankerCache(settings, shared_embedder=lambda: self.embedder)
 
     # -- parts -----------------------------------------------------------------
     @property

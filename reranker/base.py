@@ -46,8 +46,10 @@ class Reranker(ABC):
     model_dir: Path | None = None
 
     @classmethod
-    def from_settings(cls, settings, threshold: float | None = None) -> "Reranker":
-        """The reranker as the settings configure it (the registry calls this)."""
+    def from_settings(cls, settings, threshold: float | None = None, embedder=None) -> "Reranker":
+        """The reranker as the settings configure it (the registry calls this).
+        ``embedder``: the process's page embedder, for rerankers that encode text,
+        so its model is loaded once per process rather than once per reranker."""
         return cls().with_threshold(threshold)
 
     @property

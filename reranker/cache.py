@@ -21,10 +21,11 @@ from evidentia.reranker.registry import create_reranker, current_model_dir
 
 
 class RerankerCache:
-    def __init__(self, settings: Settings, factory: Callable[..., Reranker] = create_reranker,
+    def __init__(self, settings: Settings, shared_embedder: Callable[[], object] | None = None,
                  max_entries: int = 32) -> None:
+        """``shared_embedder()``: the process's page embedder, handed to rerankers that encode text."""
         self.settings = settings
-        self.factory = factory
+        self.shared_embedder = shared_embedder
         self.max_entries = max_entries
         self._items: "OrderedDict[tuple[str, float | None], Reranker]" = OrderedDict()
         self._lock = threading.Lock()
@@ -63,7 +64,8 @@ class RerankerCache:
             if sibling is not None:
                 reranker = sibling.with_threshold(threshold)
             else:
-                reranker = self.factory(name, self.settings, threshold)
+                embedder = self.shared_embedder() if self.shared_embedder is not None else None
+                reranker = create_reranker(name, self.settings, threshold, embedder=embedder)
             self.put(name, threshold, reranker)
             return reranker
 

@@ -64,10 +64,13 @@ class ClassifierReranker(Reranker):
             except (KeyError, TypeError, ValueError, FeatureModelError) as exc:
                 raise ModelLoadError(f"{self.model_dir}: unusable feature model ({exc})") from None
             emb = metadata.extra.get("embedding", {})
-            if embedder is None or embedder.name != _canonical(metadata.base_model):
-                embedder = PageEmbedder(metadata.base_model, max_tokens=emb.get("max_tokens", 256),
-                                        window_overlap=emb.get("window_overlap", 32),
-                                        max_windows=emb.get("max_windows", 8), device=device)
+            windows = {"max_tokens": emb.get("max_tokens", 256), "window_overlap": emb.get("window_overlap", 32),
+                       "max_windows": emb.get("max_windows", 8)}
+            if embedder is not None and embedder.name == _canonical(metadata.base_model):
+                # the shared model, with the windows the model was trained on
+                embedder = embedder.load().with_windows(**windows)
+            else:
+                embedder = PageEmbedder(metadata.base_model, device=device, **windows)
             self.extractor = FeatureExtractor(embedder, stats)
             self.model = self.tokenizer = None
             self.metadata = metadata
@@ -83,8 +86,10 @@ class ClassifierReranker(Reranker):
         )
 
     @classmethod
-    def from_settings(cls, settings: Settings, threshold: float | None = None) -> "ClassifierReranker":
+    def from_settings(cls, settings: Settings, threshold: float | None = None,
+                      embedder=None) -> "ClassifierReranker":
         return cls(
+            embedder=embedder,
             model_dir=resolve_model_dir(settings),
             threshold=threshold,
             batch_size=settings.classifier_batch_size,

@@ -21,10 +21,10 @@ class CosineReranker(Reranker):
         self._backend = None
 
     @classmethod
-    def from_settings(cls, settings, threshold: float | None = None) -> "CosineReranker":
+    def from_settings(cls, settings, threshold: float | None = None, embedder=None) -> "CosineReranker":
         from evidentia.retriever.dense import PageEmbedder
 
-        return cls(PageEmbedder.from_settings(settings)).with_threshold(threshold)
+        return cls(embedder or PageEmbedder.from_settings(settings)).with_threshold(threshold)
 
     def attach_backend(self, backend) -> None:
         self._backend = backend

@@ -453,7 +453,7 @@ class LLMReranker(Reranker):
             pass
 
     @classmethod
-    def from_settings(cls, settings, threshold: float | None = None) -> "LLMReranker":
+    def from_settings(cls, settings, threshold: float | None = None, embedder=None) -> "LLMReranker":
         return cls(
             model=settings.llm_model,
             api_key=settings.llm_api_key,

@@ -39,12 +39,13 @@ def reranker_class(name: str) -> type[Reranker]:
     return getattr(importlib.import_module(module), cls)
 
 
-def create_reranker(name: str, settings: Settings, threshold: float | None = None) -> Reranker:
-    """A new reranker (loading its model); ConfigError says what is wrong when it cannot be made."""
+def create_reranker(name: str, settings: Settings, threshold: float | None = None, embedder=None) -> Reranker:
+    """A new reranker (loading its model); ConfigError says what is wrong when it cannot be made.
+    ``embedder``: a page embedder to share (see ``Reranker.from_settings``)."""
     cls = reranker_class(name)
     if threshold is not None and not 0.0 <= threshold <= 1.0:
         raise ConfigError(f"threshold must be between 0 and 1, not {threshold}")
-    return cls.from_settings(settings, threshold)
+    return cls.from_settings(settings, threshold, embedder=embedder)
 
 
 def current_model_dir(name: str, settings: Settings) -> Path | None:

@@ -243,7 +243,7 @@ class ProbeReranker(Reranker):
         self.threshold = threshold
 
     @classmethod
-    def from_settings(cls, settings, threshold=None):
+    def from_settings(cls, settings, threshold=None, embedder=None):
         cls.built.append(threshold)
         return cls(threshold)
 
