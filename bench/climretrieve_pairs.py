@@ -2,7 +2,8 @@
 pair of a held-out report (training/splits/heldout.json), labelled 1 when the
 experts marked the passage for the question (relevance >= 1), else 0 (marked for
 another question of the same report). AUROC of each score over all pairs, and
-ECE of the model's probability.
+ECE of the model's probability. Each passage is scored as a page of its report
+(the report's passages are the document of the model's document features).
 
 Scores: the untrained all-MiniLM-L6-v2 cosine (question alone; question + the
 question's definition), and the classifier model given the question alone, the
@@ -45,6 +46,10 @@ def main() -> int:
     labels = np.array([p[3] for p in pairs])
     reranker = ClassifierReranker(args.model, threshold=None)
     ext = reranker.extractor
+    # Each passage is a page of its report (as in the ClimRetrieve pools): the
+    # model's document features compare it with the report's other passages.
+    documents = {r.name: [(i + 1, u.text) for i, u in enumerate(r.units)] for r in reports}
+    page_of = {(name, text): n for name, pages in documents.items() for n, text in pages}
     # group by (question, answer text) so each query is encoded once
     variants = {
         "question": lambda rep, q: "",
@@ -59,7 +64,8 @@ def main() -> int:
             groups[(q, answer_of(rep, q))].append(i)
         feats = np.zeros((len(pairs), len(reranker.feature_model.names)))
         for (q, a), idx in groups.items():
-            feats[idx] = ext.features(q, a, [(None, None, pairs[i][2]) for i in idx])
+            feats[idx] = ext.features(q, a, [(pairs[i][0], page_of[(pairs[i][0], pairs[i][2])], pairs[i][2])
+                                             for i in idx], document_source=documents.get)
         probs = reranker.feature_model.probabilities(feats)
         out[name] = {"untrained cosine AUROC": auroc(feats[:, 0], labels), "model AUROC": auroc(probs, labels),
                      "model ECE": round(expected_calibration_error(probs.tolist(), labels.tolist()), 4),

@@ -102,7 +102,7 @@ def eval_command(
     except QueriesFileError as exc:
         raise fail(str(exc), EXIT_BAD_INPUT)
 
-    ctx = Context()
+    ctx = Context(batch=True)
     pool = pool_size or ctx.settings.pool_size
     try:
         ctx.require_documents(all_doc_ids(items), [pdf_dir] if pdf_dir else [],

@@ -78,7 +78,7 @@ def index(paths: List[Path] = typer.Argument(..., help="PDF files or folders (se
     """Index PDFs page by page. Re-indexing a file replaces the document of the same id (its stem)."""
     from evidentia.retriever.base import BackendError
 
-    ctx = Context()
+    ctx = Context(batch=True)
     try:
         code = _index(ctx, paths, tenant)
     except BackendError as exc:
@@ -217,7 +217,7 @@ def demo(keep: bool = typer.Option(False, "--keep", help="Index the sample into 
 
     with tempfile.TemporaryDirectory(prefix="evidentia-demo-") as tmp:
         # the demo leaves nothing behind unless told: its index lives in the temporary folder
-        ctx = Context() if keep else Context(data_dir=Path(tmp) / "data")
+        ctx = Context(batch=True) if keep else Context(batch=True, data_dir=Path(tmp) / "data")
         pdf = write_sample_report(Path(tmp) / "acme-sustainability-2023.pdf")
         _index(ctx, [pdf])
         library = _library(ctx)

@@ -159,7 +159,8 @@ class Settings:
     # relevance model (section 8) was trained on 256/32/8 page vectors and reads them from the index
     dense_max_tokens: int = setting(256, "tokens per window (capped at the model's own limit)", parse=positive_int)
     dense_window_overlap: int = setting(32, "tokens shared by neighbouring windows", parse=non_negative_int)
-    dense_max_windows: int = setting(8, "windows per page: bounds the cost of long pages", parse=positive_int)
+    dense_max_windows: int = setting(2, "windows per page (the page's first tokens): bounds the cost of long pages; "
+                                     "what lies further on a page is found by BM25 in hybrid", parse=positive_int)
     hybrid_weights: tuple[float, float] = setting((1.0, 1.0), "RRF weights of bm25, dense", parse=weights,
                                                   shown="1,1")
     rrf_k: int = setting(60, "RRF constant k", parse=positive_int)
@@ -203,10 +204,10 @@ class Settings:
     # -- classifier reranker
     classifier_model: str | None = setting(None, "model directory written by `evidentia train` (default: the "
                                            "registry's production model, else the shipped CPU model)")
-    # 0.06: chosen on out-of-fold financebench pools when the shipped model was trained
-    # (docs/BENCHMARKS.md, section 8)
-    classifier_threshold: float = setting(0.06, "pages whose relevance probability is below it are dropped "
-                                          "(0.06: chosen on held-out pools for the shipped model)",
+    # 0.13: chosen on out-of-fold financebench training pools when the shipped model
+    # was trained (docs/BENCHMARKS.md, section 8b); a retrained model records its own
+    classifier_threshold: float = setting(0.13, "pages whose relevance probability is below it are dropped "
+                                          "(0.13: chosen on out-of-fold training pools for the shipped model)",
                                           parse=probability)
     classifier_batch_size: int = setting(16, "windows per classifier batch", parse=positive_int)
     classifier_max_length: int | None = setting(None, "tokens per classifier window (default: as trained)",

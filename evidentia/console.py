@@ -48,12 +48,18 @@ class Context:
     """The engine of one CLI command, opened lazily so that `--help` needs no index;
     setting and backend errors become one `error:` line and an exit code."""
 
-    def __init__(self, **overrides) -> None:
-        """The settings from the environment, with ``overrides`` (e.g. a data_dir)."""
+    def __init__(self, batch: bool = False, **overrides) -> None:
+        """The settings from the environment, with ``overrides`` (e.g. a data_dir).
+        ``batch``: a command that only computes (index, embed, eval, dataset): its
+        model uses every CPU unless EVIDENTIA_THREADS says otherwise."""
         try:
             self.settings = Settings.from_env().with_(**overrides)
         except ConfigError as exc:
             raise fail(str(exc))
+        if batch and self.settings.threads is None:
+            from evidentia.runtime import batch_threads
+
+            self.settings = self.settings.with_(threads=batch_threads())
         self.engine = Engine(self.settings)
 
     @property

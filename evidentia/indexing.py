@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
@@ -143,38 +144,52 @@ def index_paths(
     # Two files of one run with the same stem would silently replace each other.
     indexed_from: dict[str, Path] = {}
 
+    def extract(path: Path, doc_id: str) -> Document:
+        if limits is None:
+            return extract_pages(Path(path), doc_id, detector, ocr=ocr, on_ocr_page=on_ocr_page)
+        # the same extraction, OCR included, in a bounded child process
+        return extract_bounded(Path(path), doc_id, detector.probe_chars, limits, {"ocr": ocr},
+                               on_progress=on_ocr_page)
+
     def extracted():
         # Bad files are recorded and skipped here, so the backend only ever
         # receives whole documents and the rest of the batch goes on.
-        for path in files:
-            pages = 0
-            doc_id = doc_id_of(path)
-            if doc_id in indexed_from:
-                summary.failures.append(IndexFailure(str(path), (
-                    f"{path}: document id {path.stem!r} already indexed from {indexed_from[doc_id]} "
-                    f"in this run (rename one of the files)")))
-            else:
-                try:
-                    if limits is None:
-                        document = extract_pages(Path(path), doc_id, detector, ocr=ocr, on_ocr_page=on_ocr_page)
-                    else:  # the same extraction, OCR included, in a bounded child process
-                        document = extract_bounded(Path(path), doc_id, detector.probe_chars, limits, {"ocr": ocr},
-                                                   on_progress=on_ocr_page)
-                except PdfError as exc:
-                    summary.failures.append(IndexFailure(str(path), str(exc)))
+        # The next file is extracted while this one is embedded (one ahead, in a
+        # thread: the embedding model and a bounded extraction child release the
+        # GIL), so extraction costs no wall time when embedding is the slow part.
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="evidentia-extract") as pool:
+            ahead = None
+            for n, path in enumerate(files):
+                doc_id = doc_id_of(path)
+                if ahead is None or ahead[0] != n:
+                    ahead = (n, pool.submit(extract, path, doc_id))
+                job = ahead[1]
+                if n + 1 < len(files):
+                    ahead = (n + 1, pool.submit(extract, files[n + 1], doc_id_of(files[n + 1])))
+                pages = 0
+                if doc_id in indexed_from:
+                    job.cancel()
+                    summary.failures.append(IndexFailure(str(path), (
+                        f"{path}: document id {path.stem!r} already indexed from {indexed_from[doc_id]} "
+                        f"in this run (rename one of the files)")))
                 else:
-                    if embedder is not None:
-                        t0 = time.perf_counter()
-                        document = embed_document(document, embedder, on_embedded)
-                        summary.embed_seconds += time.perf_counter() - t0
-                        summary.embedded_pages += document.page_count
-                    summary.add_document(document)
-                    summary.sources[document.doc_id] = Path(path)
-                    indexed_from[document.doc_id] = path
-                    pages = document.page_count
-                    yield document
-            if on_document:
-                on_document(path, pages)
+                    try:
+                        document = job.result()
+                    except PdfError as exc:
+                        summary.failures.append(IndexFailure(str(path), str(exc)))
+                    else:
+                        if embedder is not None:
+                            t0 = time.perf_counter()
+                            document = embed_document(document, embedder, on_embedded)
+                            summary.embed_seconds += time.perf_counter() - t0
+                            summary.embedded_pages += document.page_count
+                        summary.add_document(document)
+                        summary.sources[document.doc_id] = Path(path)
+                        indexed_from[document.doc_id] = path
+                        pages = document.page_count
+                        yield document
+                if on_document:
+                    on_document(path, pages)
 
     try:
         backend.index_documents(extracted())

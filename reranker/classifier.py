@@ -127,12 +127,13 @@ class ClassifierReranker(Reranker):
                              self.input_format, self.batch_size)
 
     def _features(self, question: str, answer: str, pages):
-        source = None
+        vectors = documents = None
         if self._backend is not None:
-            from evidentia.reranker.features import stored_vector_source
+            from evidentia.reranker.features import stored_document_source, stored_vector_source
 
-            source = stored_vector_source(self._backend, self.extractor.embedder.name)
-        return self.extractor.features(question, answer, pages, vector_source=source)
+            vectors = stored_vector_source(self._backend, self.extractor.embedder.name)
+            documents = stored_document_source(self._backend)
+        return self.extractor.features(question, answer, pages, vector_source=vectors, document_source=documents)
 
     def probabilities(self, question: str, answer: str, texts: Sequence[str]) -> list[float]:
         """Calibrated probability of each page, ``texts`` being a first-stage pool in

@@ -12,7 +12,13 @@ same features - and the same probability - whatever pool it comes in.
   term frequency with a fixed length norm, no IDF and no pool-relative
   normalisation) and of adjacent keyword pairs (phrases);
 - the answer's figures found on the page (numbers normalised as at index time);
-- the page's length and share of numeric tokens (tables vs prose).
+- the page's length and share of numeric tokens (tables vs prose);
+- the page's standing in its own document (``DOCUMENT_FEATURE_NAMES``): its rank
+  among all the document's pages by the query cosine and by the domain BM25, their
+  reciprocal-rank fusion, the gap to the document's best cosine. This is what made
+  the hybrid first stage hard to beat (it fuses *ranks*, whose scale is the same
+  for every query), computed over the whole document, never over the pool: the
+  same page of the same document gets the same value whatever pool it comes in.
 
 Window vectors come from the index when the page was embedded at indexing time
 with the same model (``PageVectorSource``), else they are computed here with the
@@ -35,7 +41,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from evidentia.records import PageVectors
     from evidentia.retriever.dense import PageEmbedder
 
-FEATURE_NAMES = (
+PAGE_FEATURE_NAMES = (
     "cos_query",        # cosine(question + answer, best window)
     "cos_question",     # cosine(question, best window)
     "cos_query_mean",   # cosine(question + answer, mean of the windows)
@@ -54,6 +60,17 @@ FEATURE_NAMES = (
     "log_len",          # ln(1 + page tokens)
     "num_share",        # share of numeric tokens on the page
 )
+DOCUMENT_FEATURE_NAMES = (
+    "doc_rank_cos",     # ln(1 + pages of the document with a higher cos_query)
+    "doc_rank_bm25",    # ln(1 + pages of the document with a higher bm25_domain)
+    "doc_rrf",          # 60 * (1/(60 + rank by cos_query) + 1/(60 + rank by bm25_domain)): a hybrid within the document
+    "doc_gap_cos",      # cos_query minus the document's best cos_query
+    "doc_rel_bm25",     # bm25_domain over the document's best (0 when no page matches)
+    "doc_z_cos",        # cos_query standardised over the document's pages
+    "doc_rank_cos_question",  # ln(1 + pages of the document with a higher cos_question)
+)
+FEATURE_NAMES = PAGE_FEATURE_NAMES + DOCUMENT_FEATURE_NAMES
+_RRF_K = 60.0
 
 # BM25's term-frequency saturation with a fixed document length norm: the same
 # page scores the same whatever else is indexed.
@@ -184,6 +201,53 @@ def lexical_features(terms: QueryTerms, page_text: str, stats: TermStatistics | 
 
 # A source of a page's window vectors: (doc_id, page, text) -> (windows, dim) array or None.
 PageVectorSource = Callable[[str, int, str], "np.ndarray | None"]
+# A source of a document's pages: doc_id -> [(page number, text), ...] in page order, or None.
+DocumentSource = Callable[[str], "list[tuple[int, str]] | None"]
+
+
+def stored_document_source(backend) -> DocumentSource:
+    """Every page of a document as indexed (``SearchBackend.stored_document``); None
+    for a document the index does not hold. One source serves one query: documents
+    are read once per source (the classifier makes one per query, training one per run),
+    so a replaced document is read afresh by the next query."""
+    documents: dict[str, list[tuple[int, str]] | None] = {}
+
+    def lookup(doc_id: str) -> list[tuple[int, str]] | None:
+        if doc_id not in documents:
+            try:
+                document = backend.stored_document(doc_id)
+            except Exception:  # a document being replaced, a backend down: the page alone stands for it
+                document = None
+            documents[doc_id] = None if document is None else [(p.page, p.text or "") for p in document.pages]
+        return documents[doc_id]
+
+    return lookup
+
+
+def _higher_count(values: np.ndarray) -> np.ndarray:
+    """For each value, how many values are strictly higher (a rank in which ties
+    share the best place, so page order never decides)."""
+    ordered = np.sort(values)
+    return len(values) - np.searchsorted(ordered, values, side="right")
+
+
+def document_features(page_features: np.ndarray) -> np.ndarray:
+    """DOCUMENT_FEATURE_NAMES of every page of one document, from the page
+    features (PAGE_FEATURE_NAMES) of all its pages."""
+    cos = page_features[:, PAGE_FEATURE_NAMES.index("cos_query")]
+    cos_question = page_features[:, PAGE_FEATURE_NAMES.index("cos_question")]
+    bm25 = page_features[:, PAGE_FEATURE_NAMES.index("bm25_domain")]
+    rank_cos = _higher_count(cos)
+    rank_bm25 = _higher_count(bm25)
+    out = np.zeros((len(page_features), len(DOCUMENT_FEATURE_NAMES)))
+    out[:, 0] = np.log1p(rank_cos)
+    out[:, 1] = np.log1p(rank_bm25)
+    out[:, 2] = _RRF_K * (1.0 / (_RRF_K + rank_cos) + 1.0 / (_RRF_K + rank_bm25))
+    out[:, 3] = cos - cos.max()
+    out[:, 4] = bm25 / bm25.max() if bm25.max() > 0 else 0.0
+    out[:, 5] = (cos - cos.mean()) / (cos.std() + 1e-6)
+    out[:, 6] = np.log1p(_higher_count(cos_question))
+    return out
 
 
 def stored_vector_source(backend, model_name: str) -> PageVectorSource:
@@ -240,19 +304,64 @@ class FeatureExtractor:
         return vectors
 
     def features(self, question: str, answer: str, pages: Sequence[tuple[str, int | None, str]],
-                 language: str | None = None, vector_source: PageVectorSource | None = None) -> np.ndarray:
-        """(len(pages), len(FEATURE_NAMES)) array; ``pages``: (doc_id, page, text)."""
+                 language: str | None = None, vector_source: PageVectorSource | None = None,
+                 document_source: DocumentSource | None = None) -> np.ndarray:
+        """(len(pages), len(FEATURE_NAMES)) array; ``pages``: (doc_id, page, text).
+
+        The document features of a page are computed over every page of its
+        document (``document_source``); a page whose document is unknown (no
+        source, no doc_id, not in the index) stands alone, as a one-page document."""
         out = np.zeros((len(pages), len(FEATURE_NAMES)), dtype=np.float64)
         if not pages:
             return out
         query_text = f"{question.strip()} {answer.strip()}".strip()
-        q_vec, question_vec, answer_vec = self._encode_queries(query_text, question.strip() or query_text,
-                                                               answer.strip())
+        vecs = self._encode_queries(query_text, question.strip() or query_text, answer.strip())
         terms = query_terms(question, answer, language)
+        n_page = len(PAGE_FEATURE_NAMES)
+        out[:, :n_page] = self._page_features(vecs, terms, pages, vector_source)
+        by_doc: dict[str, list[int]] = {}
+        for i, (doc_id, page, _text) in enumerate(pages):
+            if doc_id is not None and page is not None and document_source is not None:
+                by_doc.setdefault(doc_id, []).append(i)
+            else:
+                out[i, n_page:] = document_features(out[i:i + 1, :n_page])[0]
+        for doc_id, rows in by_doc.items():
+            document = document_source(doc_id)
+            numbers = [n for n, _t in document] if document else []
+            in_document = set(numbers)
+            known = {pages[i][1]: out[i, :n_page] for i in rows if pages[i][1] in in_document}
+            rest = [(doc_id, n, t) for n, t in document or () if n not in known]
+            # With stored vectors, the other pages are scored from them; a document
+            # indexed without vectors is not embedded whole at query time: its pages
+            # stand alone. Without a vector source (a benchmark, a test), every
+            # page is embedded here.
+            rest_features = (self._page_features(vecs, terms, rest, vector_source,
+                                                 stored_only=vector_source is not None) if known else None)
+            if rest_features is None:
+                for i in rows:
+                    out[i, n_page:] = document_features(out[i:i + 1, :n_page])[0]
+                continue
+            rest_rows = iter(rest_features)
+            standing = document_features(np.vstack([known[n] if n in known else next(rest_rows) for n in numbers]))
+            position = {n: j for j, n in enumerate(numbers)}
+            for i in rows:
+                page = pages[i][1]
+                out[i, n_page:] = (standing[position[page]] if page in position
+                                   else document_features(out[i:i + 1, :n_page])[0])
+        return out
+
+    def _page_features(self, vecs, terms: QueryTerms, pages: Sequence[tuple[str | None, int | None, str]],
+                       vector_source: PageVectorSource | None, stored_only: bool = False) -> np.ndarray | None:
+        """PAGE_FEATURE_NAMES of ``pages``; with ``stored_only``, None as soon as a
+        page with text has no stored vectors (instead of embedding it here)."""
+        q_vec, question_vec, answer_vec = vecs
+        out = np.zeros((len(pages), len(PAGE_FEATURE_NAMES)), dtype=np.float64)
         for i, (doc_id, page, text) in enumerate(pages):
             vectors = None
             if vector_source is not None and doc_id is not None and page is not None:
                 vectors = vector_source(doc_id, page, text)
+            if vectors is None and stored_only and (text or "").strip():
+                return None
             if vectors is None:
                 vectors = self.window_vectors(text)
             out[i, :4] = cosine_features(q_vec, question_vec, answer_vec, vectors)

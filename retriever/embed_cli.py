@@ -51,7 +51,7 @@ def embed_command(
     def shown(doc_id: str) -> str:
         return (split_internal_id(doc_id) or ("", doc_id))[1]
 
-    ctx = Context()
+    ctx = Context(batch=True)
     backend = ctx.backend
     library = Library(ctx.engine)
     try:

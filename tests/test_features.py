@@ -11,8 +11,9 @@ import pytest
 
 from evidentia.records import Candidate
 from evidentia.retriever.query import build_query
-from evidentia.reranker.features import (FEATURE_NAMES, FeatureExtractor, TermStatistics, lexical_features,
-                                         query_terms, stored_vector_source, term_weight)
+from evidentia.reranker.features import (DOCUMENT_FEATURE_NAMES, FEATURE_NAMES, PAGE_FEATURE_NAMES, FeatureExtractor,
+                                         TermStatistics, document_features, lexical_features, query_terms,
+                                         stored_document_source, stored_vector_source, term_weight)
 from evidentia.reranker.relevance_model import FeatureModel, FeatureModelError, choose_threshold, fit, out_of_fold
 from evidentia.training.dataset import TrainingRecord
 
@@ -104,6 +105,88 @@ def test_stored_vectors_give_the_same_cosines(embedder):
     np.testing.assert_allclose(computed, stored, atol=2e-3)  # float16 storage
     other_model = stored_vector_source(Backend(), "some/other-model")
     assert other_model("d", 1, CAPEX) is None  # vectors of another model are never mixed in
+
+
+DOCUMENT = [(1, CONTENTS), (2, STAFF), (3, CAPEX), (4, STAFF + " Benefits and pensions.")]
+
+
+def _doc_feature(row, name):
+    return row[len(PAGE_FEATURE_NAMES) + DOCUMENT_FEATURE_NAMES.index(name)]
+
+
+def test_document_features_rank_the_page_within_its_whole_document(embedder):
+    ext = FeatureExtractor(embedder)
+    source = {"d": DOCUMENT}.get
+    capex, staff = ext.features(QUESTION, ANSWER, [("d", 3, CAPEX), ("d", 2, STAFF)], document_source=source)
+    assert _doc_feature(capex, "doc_rank_cos") == 0.0 and _doc_feature(capex, "doc_gap_cos") == 0.0
+    assert _doc_feature(staff, "doc_rank_cos") > 0 and _doc_feature(staff, "doc_gap_cos") < 0
+    assert _doc_feature(capex, "doc_rrf") > _doc_feature(staff, "doc_rrf")
+
+
+def test_document_features_do_not_depend_on_the_pool(embedder):
+    """The other pages of the document count, never the other pages of the pool."""
+    ext = FeatureExtractor(embedder)
+    source = {"d": DOCUMENT, "e": [(1, CAPEX), (2, CONTENTS)]}.get
+    pool = [("d", 2, STAFF), ("e", 1, CAPEX), ("d", 3, CAPEX), ("d", 1, CONTENTS)]
+    together = ext.features(QUESTION, ANSWER, pool, document_source=source)
+    for i, page in enumerate(pool):
+        alone = ext.features(QUESTION, ANSWER, [page], document_source=source)
+        np.testing.assert_allclose(together[i], alone[0], atol=1e-9)
+    reversed_ = ext.features(QUESTION, ANSWER, pool[::-1], document_source=source)
+    np.testing.assert_allclose(together, reversed_[::-1], atol=1e-9)
+
+
+def test_a_page_without_its_document_stands_alone(embedder):
+    ext = FeatureExtractor(embedder)
+    unknown = ext.features(QUESTION, ANSWER, [("gone", 3, STAFF)], document_source={"d": DOCUMENT}.get)
+    no_source = ext.features(QUESTION, ANSWER, [("d", 2, STAFF)])
+    for row in (unknown[0], no_source[0]):
+        np.testing.assert_allclose(row[len(PAGE_FEATURE_NAMES):],
+                                   document_features(row[None, :len(PAGE_FEATURE_NAMES)])[0])
+        assert _doc_feature(row, "doc_rank_cos") == 0.0
+
+
+def test_a_document_without_stored_vectors_is_not_embedded_whole_at_query_time(embedder):
+    """With stored vectors for the candidate only (the document was indexed without
+    them, or by another model), the page stands alone instead of the whole document
+    being embedded during the search."""
+    ext = FeatureExtractor(embedder)
+    calls = []
+
+    def only_the_candidate(doc_id, page, text):
+        calls.append(page)
+        return ext.window_vectors(text) if page == 2 else None
+
+    row = ext.features(QUESTION, ANSWER, [("d", 2, STAFF)], vector_source=only_the_candidate,
+                       document_source={"d": DOCUMENT}.get)[0]
+    assert _doc_feature(row, "doc_rank_cos") == 0.0  # alone
+    assert len(ext._windows) <= 2  # the candidate (and at most the page that stopped the scan) were embedded
+
+
+def test_ties_share_the_best_place_whatever_the_page_order():
+    rows = np.zeros((4, len(PAGE_FEATURE_NAMES)))
+    rows[:, PAGE_FEATURE_NAMES.index("cos_query")] = [0.2, 0.5, 0.5, 0.1]
+    ranks = document_features(rows)[:, DOCUMENT_FEATURE_NAMES.index("doc_rank_cos")]
+    np.testing.assert_allclose(np.expm1(ranks), [2, 0, 0, 3])
+
+
+def test_stored_document_source_reads_a_document_once_and_survives_a_failing_backend():
+    from evidentia.records import Document, Page
+
+    class Backend:
+        reads = 0
+
+        def stored_document(self, doc_id):
+            Backend.reads += 1
+            if doc_id == "broken":
+                raise RuntimeError("index closed")
+            if doc_id == "d":
+                return Document("d", tuple(Page("d", n, t, t, "en", len(t)) for n, t in DOCUMENT))
+            return None
+
+    source = stored_document_source(Backend())
+    assert source("d") == DOCUMENT and source("d") == DOCUMENT and Backend.reads == 1
+    assert source("missing") is None and source("broken") is None
 
 
 # -- the logistic model -----------------------------------------------------------------

@@ -16,6 +16,22 @@ def test_default_threads_leave_room_on_small_machines(cpus, threads):
     assert runtime.default_threads(cpus) == threads
 
 
+@pytest.mark.parametrize("cpus, threads", [(1, 1), (2, 2), (3, 3), (8, 4), (64, 4)])
+def test_batch_commands_use_every_cpu_up_to_four(cpus, threads):
+    assert runtime.batch_threads(cpus) == threads
+
+
+def test_batch_context_uses_every_cpu_unless_threads_are_set(monkeypatch):
+    from evidentia.console import Context
+
+    monkeypatch.delenv("EVIDENTIA_THREADS", raising=False)
+    monkeypatch.delenv("EVIDENTIA_TORCH_THREADS", raising=False)
+    assert Context(batch=True).settings.inference_threads == runtime.batch_threads()
+    assert Context().settings.inference_threads == runtime.default_threads()
+    monkeypatch.setenv("EVIDENTIA_THREADS", "1")
+    assert Context(batch=True).settings.inference_threads == 1  # the user's choice wins
+
+
 def test_usable_cpus_follow_the_affinity_mask():
     import os
 

@@ -46,7 +46,7 @@ def dataset_command(
         raise fail("--holdout-fraction must be in [0, 1)")
     records = []
     if queries is not None:
-        ctx = Context()
+        ctx = Context(batch=True)
         try:
             qs = load_queries(queries)
         except (QueriesFileError, OSError) as exc:

@@ -34,11 +34,26 @@ from evidentia.reranker.relevance_model import (KIND, FeatureModelError, choose_
 from evidentia.training.dataset import TrainingRecord
 
 DEFAULT_EMBEDDER = "all-MiniLM-L6-v2"
-EMBEDDING = {"max_tokens": 256, "window_overlap": 32, "max_windows": 8}  # as the index embeds pages
+# The inverse L2 strength of the logistic regression, chosen by 5-fold cross-validation
+# by document on the training split of both domains (0.1 ranked the hybrid pools
+# better than 1.0 in both; docs/BENCHMARKS.md section 8b).
+DEFAULT_REGULARISATION = 0.1
+
+
+def embedding_windows() -> dict:
+    """The windows the index embeds pages with by default (EVIDENTIA_DENSE_*): the
+    model is trained on them, and the classifier embeds pages without stored
+    vectors the same way."""
+    from evidentia.config import Settings
+
+    defaults = Settings()
+    return {"max_tokens": defaults.dense_max_tokens, "window_overlap": defaults.dense_window_overlap,
+            "max_windows": defaults.dense_max_windows}
 
 
 def record_features(records: Sequence[TrainingRecord], extractor: FeatureExtractor,
-                    progress: Callable[[int], None] | None = None, vector_source=None) -> np.ndarray:
+                    progress: Callable[[int], None] | None = None, vector_source=None,
+                    document_source=None) -> np.ndarray:
     """Features of every record, the records of one query computed together."""
     by_query: dict[tuple[str, str], list[int]] = defaultdict(list)
     for i, r in enumerate(records):
@@ -46,19 +61,22 @@ def record_features(records: Sequence[TrainingRecord], extractor: FeatureExtract
     out = np.zeros((len(records), len(FEATURE_NAMES)))
     for (question, answer), idx in by_query.items():
         pages = [(records[i].doc_id or None, records[i].page, records[i].page_text) for i in idx]
-        out[idx] = extractor.features(question, answer, pages, vector_source=vector_source)
+        out[idx] = extractor.features(question, answer, pages, vector_source=vector_source,
+                                      document_source=document_source)
         if progress is not None:
             progress(len(idx))
     return out
 
 
 def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model: str = DEFAULT_EMBEDDER,
-                   data_sha256: str = "", regularisation: float = 1.0, seed: int = 0,
+                   data_sha256: str = "", regularisation: float = DEFAULT_REGULARISATION, seed: int = 0,
                    log: Callable[[str], None] = print, embedder=None,
                    answerless_copies: bool = True, backend=None,
                    threshold_skip_prefix: str | None = None) -> ModelMetadata:
     """``backend``: an index holding the records' pages (doc_id, page): their window
-    vectors are read from it instead of computed (same numbers, much faster)."""
+    vectors are read from it instead of computed (same numbers, much faster), and
+    the document features of a record are computed over all pages of its document
+    (without it, each page stands alone as a one-page document)."""
     from evidentia.retriever.dense import PageEmbedder
 
     if not records:
@@ -69,15 +87,16 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
         records = list(records) + [replace(r, answer="") for r in records if r.answer.strip()]
     texts = {r.page_text for r in records}
     stats = TermStatistics.from_texts(sorted(texts))
-    embedder = embedder or PageEmbedder(base_model, **EMBEDDING)
+    embedder = embedder or PageEmbedder(base_model, **embedding_windows())
     extractor = FeatureExtractor(embedder, stats)
     log(f"features of {len(records)} records ({len(texts)} distinct pages)...")
-    source = None
+    vectors = documents = None
     if backend is not None:
-        from evidentia.reranker.features import stored_vector_source
+        from evidentia.reranker.features import stored_document_source, stored_vector_source
 
-        source = stored_vector_source(backend, embedder.name)
-    x = record_features(records, extractor, vector_source=source)
+        vectors = stored_vector_source(backend, embedder.name)
+        documents = stored_document_source(backend)  # the document features: every page of a record's document
+    x = record_features(records, extractor, vector_source=vectors, document_source=documents)
     labels = [r.soft_label if r.soft_label is not None else float(r.relevance) for r in records]
     hard = np.asarray([r.relevance for r in records])
     model = fit(x, labels, regularisation=regularisation)
@@ -106,7 +125,7 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
     metadata = ModelMetadata(
         base_model=base_model,
         metrics=metrics,
-        extra={"kind": KIND, "feature_model": model.to_dict(), "embedding": dict(EMBEDDING),
+        extra={"kind": KIND, "feature_model": model.to_dict(), "embedding": embedding_windows(),
                "data_sha256": data_sha256, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                "train_records": len(records), "term_statistics": stats.to_dict()},
     )
