@@ -34,16 +34,13 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--stage", default="hybrid")
     args = ap.parse_args()
-    import torch
-
-    torch.set_num_threads(args.threads)
-    settings = Settings.from_env().with_(data_dir=args.data_dir)
+    settings = Settings.from_env().with_(data_dir=args.data_dir, threads=args.threads)
     engine = Engine(settings)
     backend = engine.backend
     embedder = engine.embedder
     t0 = time.perf_counter()
     reranker = ClassifierReranker(args.model, threshold=None, embedder=embedder)
-    reranker.extractor.embedder.model  # load the bi-encoder now, not inside the first timing
+    reranker.extractor.embedder.load()  # load the bi-encoder now, not inside the first timing
     load_s = time.perf_counter() - t0
     queries = load_queries(args.queries)[: args.n]
     pools = []

@@ -45,6 +45,7 @@ from evidentia.language import LanguageDetector  # noqa: E402
 from evidentia.indexing import index_paths  # noqa: E402
 from evidentia.retriever.dense import PageEmbedder  # noqa: E402
 from evidentia.retriever.tantivy_backend import TantivyBackend  # noqa: E402
+from evidentia.runtime import batch_threads  # noqa: E402
 
 
 def load() -> str:
@@ -117,7 +118,7 @@ def main() -> int:
     queries = [q for q in queries if q["doc_id"] in {p.stem for p in pdfs}]
     settings = Settings.from_env({})  # the defaults, whatever the environment says
     res: dict = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
-                 "threads": settings.inference_threads}
+                 "threads": settings.inference_threads, "index_threads": batch_threads()}
     work = Path(tempfile.mkdtemp(prefix="evd-speed-"))
     detector = LanguageDetector()
 
@@ -139,7 +140,8 @@ def main() -> int:
     res["index_pages_per_cpu_s_without_embeddings"] = round(plain.pages / (cpu() - c0), 1)
     res["index_plain_load"] = load()
 
-    embedder = PageEmbedder.from_settings(settings.with_(data_dir=work / "data"))
+    # as `evidentia index` embeds: a batch command uses every CPU (runtime.batch_threads)
+    embedder = PageEmbedder.from_settings(settings.with_(data_dir=work / "data", threads=batch_threads()))
     t0 = time.perf_counter()
     embedder.load()
     res["embedder_first_load_s"] = round(time.perf_counter() - t0, 1)  # includes the ONNX export when not cached
