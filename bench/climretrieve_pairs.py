@@ -2,7 +2,8 @@
 pair of a held-out report (training/splits/heldout.json), labelled 1 when the
 experts marked the passage for the question (relevance >= 1), else 0 (marked for
 another question of the same report). AUROC of each score over all pairs, and
-ECE of the model's probability. Each passage is scored as a page of its report
+ECE of the model's probability, over all pairs and over the pairs of questions
+with at least one marked passage in the report (the setting of the pools). Each passage is scored as a page of its report
 (the report's passages are the document of the model's document features).
 
 Scores: the untrained all-MiniLM-L6-v2 cosine (question alone; question + the
@@ -44,6 +45,8 @@ def main() -> int:
     answers = {(r.name, q): r.answers[q] for r in reports for q in r.questions}
     pairs = labelled_pairs(reports, held_out_reports(load_split()))
     labels = np.array([p[3] for p in pairs])
+    has_evidence = {(p[0], p[1]) for p in pairs if p[3]}
+    answerable = np.array([(p[0], p[1]) in has_evidence for p in pairs])
     reranker = ClassifierReranker(args.model, threshold=None)
     ext = reranker.extractor
     # Each passage is a page of its report (as in the ClimRetrieve pools): the
@@ -57,6 +60,7 @@ def main() -> int:
         "question+expert answer": lambda rep, q: answers[(rep, q)],
     }
     out: dict = {"pairs": len(pairs), "relevant": int(labels.sum()), "reports": len({p[0] for p in pairs}),
+                 "pairs with evidence": int(answerable.sum()),
                  "with_definition": int(sum(1 for p in pairs if definitions.get(p[1].strip())))}
     for name, answer_of in variants.items():
         groups: dict[tuple[str, str], list[int]] = defaultdict(list)
@@ -69,7 +73,12 @@ def main() -> int:
         probs = reranker.feature_model.probabilities(feats)
         out[name] = {"untrained cosine AUROC": auroc(feats[:, 0], labels), "model AUROC": auroc(probs, labels),
                      "model ECE": round(expected_calibration_error(probs.tolist(), labels.tolist()), 4),
-                     "mean probability": round(float(probs.mean()), 4)}
+                     "mean probability": round(float(probs.mean()), 4),
+                     # the pools' setting: (report, question) pairs with at least one marked passage
+                     "with evidence: untrained cosine AUROC": auroc(feats[answerable, 0], labels[answerable]),
+                     "with evidence: model AUROC": auroc(probs[answerable], labels[answerable]),
+                     "with evidence: model ECE": round(expected_calibration_error(
+                         probs[answerable].tolist(), labels[answerable].tolist()), 4)}
     print(json.dumps(out, indent=2))
     return 0
 

@@ -71,7 +71,9 @@ class ClassifierReranker(Reranker):
                 embedder = embedder.load().with_windows(**windows)
             else:
                 embedder = PageEmbedder(metadata.base_model, device=device, **windows)
-            self.extractor = FeatureExtractor(embedder, stats)
+            from evidentia.reranker.question_memory import QuestionMemory
+
+            self.extractor = FeatureExtractor(embedder, stats, memory=QuestionMemory.load(self.model_dir))
             self.model = self.tokenizer = None
             self.metadata = metadata
         else:

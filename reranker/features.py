@@ -13,6 +13,8 @@ same features - and the same probability - whatever pool it comes in.
   normalisation) and of adjacent keyword pairs (phrases);
 - the answer's figures found on the page (numbers normalised as at index time);
 - the page's length and share of numeric tokens (tables vs prose);
+- what the model remembers of the same question asked before (the pages judged
+  for it in training: ``reranker/question_memory.py``);
 - the page's standing in its own document (``DOCUMENT_FEATURE_NAMES``): its rank
   among all the document's pages by the query cosine and by the domain BM25, their
   reciprocal-rank fusion, the gap to the document's best cosine. This is what made
@@ -35,6 +37,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
+from evidentia.reranker.question_memory import MEMORY_FEATURE_NAMES, MemoryMatch, QuestionMemory
 from evidentia.text import keywords, normalise_numbers, tokens
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -69,7 +72,10 @@ DOCUMENT_FEATURE_NAMES = (
     "doc_z_cos",        # cos_query standardised over the document's pages
     "doc_rank_cos_question",  # ln(1 + pages of the document with a higher cos_question)
 )
-FEATURE_NAMES = PAGE_FEATURE_NAMES + DOCUMENT_FEATURE_NAMES
+# A page's own features: PAGE_FEATURE_NAMES, then the question memory's
+# (reranker/question_memory.py); the document features are derived from them.
+ROW_FEATURE_NAMES = PAGE_FEATURE_NAMES + MEMORY_FEATURE_NAMES
+FEATURE_NAMES = ROW_FEATURE_NAMES + DOCUMENT_FEATURE_NAMES
 _RRF_K = 60.0
 
 # BM25's term-frequency saturation with a fixed document length norm: the same
@@ -284,9 +290,10 @@ class FeatureExtractor:
     by the text's hash (training scores the same page for many questions)."""
 
     def __init__(self, embedder: "PageEmbedder", stats: TermStatistics | None = None,
-                 cache_size: int = 4096) -> None:
+                 cache_size: int = 4096, memory: QuestionMemory | None = None) -> None:
         self.embedder = embedder
         self.stats = stats
+        self.memory = memory
         self.cache_size = cache_size
         self._windows: OrderedDict[str, np.ndarray] = OrderedDict()
 
@@ -317,8 +324,9 @@ class FeatureExtractor:
         query_text = f"{question.strip()} {answer.strip()}".strip()
         vecs = self._encode_queries(query_text, question.strip() or query_text, answer.strip())
         terms = query_terms(question, answer, language)
-        n_page = len(PAGE_FEATURE_NAMES)
-        out[:, :n_page] = self._page_features(vecs, terms, pages, vector_source)
+        match = self.memory.match(vecs[1]) if self.memory is not None else None
+        n_page = len(ROW_FEATURE_NAMES)
+        out[:, :n_page] = self._page_features(vecs, terms, pages, vector_source, match=match)
         by_doc: dict[str, list[int]] = {}
         for i, (doc_id, page, _text) in enumerate(pages):
             if doc_id is not None and page is not None and document_source is not None:
@@ -335,7 +343,7 @@ class FeatureExtractor:
             # indexed without vectors is not embedded whole at query time: its pages
             # stand alone. Without a vector source (a benchmark, a test), every
             # page is embedded here.
-            rest_features = (self._page_features(vecs, terms, rest, vector_source,
+            rest_features = (self._page_features(vecs, terms, rest, vector_source, match=match,
                                                  stored_only=vector_source is not None) if known else None)
             if rest_features is None:
                 for i in rows:
@@ -350,12 +358,26 @@ class FeatureExtractor:
                                    else document_features(out[i:i + 1, :n_page])[0])
         return out
 
+    def page_windows(self, doc_id: str | None, page: int | None, text: str,
+                     vector_source: PageVectorSource | None = None) -> np.ndarray:
+        """The page's window vectors: stored at indexing time when the source has
+        them, else computed (and cached) here."""
+        vectors = None
+        if vector_source is not None and doc_id is not None and page is not None:
+            vectors = vector_source(doc_id, page, text)
+        return vectors if vectors is not None else self.window_vectors(text)
+
+    def question_vector(self, question: str) -> np.ndarray:
+        return self.embedder._encode([question.strip()], role="query")[0]
+
     def _page_features(self, vecs, terms: QueryTerms, pages: Sequence[tuple[str | None, int | None, str]],
-                       vector_source: PageVectorSource | None, stored_only: bool = False) -> np.ndarray | None:
-        """PAGE_FEATURE_NAMES of ``pages``; with ``stored_only``, None as soon as a
+                       vector_source: PageVectorSource | None, match: MemoryMatch | None = None,
+                       stored_only: bool = False) -> np.ndarray | None:
+        """ROW_FEATURE_NAMES of ``pages``; with ``stored_only``, None as soon as a
         page with text has no stored vectors (instead of embedding it here)."""
         q_vec, question_vec, answer_vec = vecs
-        out = np.zeros((len(pages), len(PAGE_FEATURE_NAMES)), dtype=np.float64)
+        n_page = len(PAGE_FEATURE_NAMES)
+        out = np.zeros((len(pages), len(ROW_FEATURE_NAMES)), dtype=np.float64)
         for i, (doc_id, page, text) in enumerate(pages):
             vectors = None
             if vector_source is not None and doc_id is not None and page is not None:
@@ -365,7 +387,9 @@ class FeatureExtractor:
             if vectors is None:
                 vectors = self.window_vectors(text)
             out[i, :4] = cosine_features(q_vec, question_vec, answer_vec, vectors)
-            out[i, 4:] = lexical_features(terms, text, self.stats)
+            out[i, 4:n_page] = lexical_features(terms, text, self.stats)
+            if match is not None and vectors.size and vectors.shape[1] == len(q_vec):
+                out[i, n_page:] = match.features(vectors)
         return out
 
     def _encode_queries(self, query_text: str, question: str,

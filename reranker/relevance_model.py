@@ -97,22 +97,27 @@ def fit(features: np.ndarray, labels: Sequence[float], weights: Sequence[float] 
                         float(model.intercept_[0]))
 
 
+def fold_of_groups(groups: Sequence[str], folds: int = 5, seed: int = 0) -> np.ndarray:
+    """The fold (0 .. folds-1) of each row, whole groups (documents) to a fold."""
+    import random
+
+    uniq = sorted(set(groups))
+    random.Random(seed).shuffle(uniq)
+    fold_of = {g: i % folds for i, g in enumerate(uniq)}
+    return np.asarray([fold_of[g] for g in groups], dtype=int)
+
+
 def out_of_fold(features: np.ndarray, labels: Sequence[float], groups: Sequence[str], weights=None,
                 folds: int = 5, regularisation: float = 1.0, seed: int = 0) -> np.ndarray:
     """Each row's probability from a model fitted without its group (document):
     held-out predictions on the training split, for the threshold and the
     calibration check without touching the test split."""
-    import random
-
     x = np.asarray(features, dtype=np.float64)
     labels = np.asarray(labels, dtype=np.float64)
-    uniq = sorted(set(groups))
-    random.Random(seed).shuffle(uniq)
-    fold_of = {g: i % folds for i, g in enumerate(uniq)}
-    fold = np.asarray([fold_of[g] for g in groups])
+    fold = fold_of_groups(groups, folds, seed)
     out = np.zeros(len(x))
     w = None if weights is None else np.asarray(weights, dtype=np.float64)
-    for k in range(min(folds, len(uniq))):
+    for k in range(min(folds, len(set(groups)))):
         test = fold == k
         train = ~test
         model = fit(x[train], labels[train], None if w is None else w[train], regularisation)

@@ -11,7 +11,8 @@ import pytest
 
 from evidentia.records import Candidate
 from evidentia.retriever.query import build_query
-from evidentia.reranker.features import (DOCUMENT_FEATURE_NAMES, FEATURE_NAMES, PAGE_FEATURE_NAMES, FeatureExtractor,
+from evidentia.reranker.features import (DOCUMENT_FEATURE_NAMES, FEATURE_NAMES, PAGE_FEATURE_NAMES, ROW_FEATURE_NAMES,
+                                         FeatureExtractor,
                                          TermStatistics, document_features, lexical_features, query_terms,
                                          stored_document_source, stored_vector_source, term_weight)
 from evidentia.reranker.relevance_model import FeatureModel, FeatureModelError, choose_threshold, fit, out_of_fold
@@ -111,7 +112,7 @@ DOCUMENT = [(1, CONTENTS), (2, STAFF), (3, CAPEX), (4, STAFF + " Benefits and pe
 
 
 def _doc_feature(row, name):
-    return row[len(PAGE_FEATURE_NAMES) + DOCUMENT_FEATURE_NAMES.index(name)]
+    return row[len(ROW_FEATURE_NAMES) + DOCUMENT_FEATURE_NAMES.index(name)]
 
 
 def test_document_features_rank_the_page_within_its_whole_document(embedder):
@@ -141,8 +142,8 @@ def test_a_page_without_its_document_stands_alone(embedder):
     unknown = ext.features(QUESTION, ANSWER, [("gone", 3, STAFF)], document_source={"d": DOCUMENT}.get)
     no_source = ext.features(QUESTION, ANSWER, [("d", 2, STAFF)])
     for row in (unknown[0], no_source[0]):
-        np.testing.assert_allclose(row[len(PAGE_FEATURE_NAMES):],
-                                   document_features(row[None, :len(PAGE_FEATURE_NAMES)])[0])
+        np.testing.assert_allclose(row[len(ROW_FEATURE_NAMES):],
+                                   document_features(row[None, :len(ROW_FEATURE_NAMES)])[0])
         assert _doc_feature(row, "doc_rank_cos") == 0.0
 
 

@@ -5,6 +5,9 @@ training records (`evidentia dataset`): the CPU default of the classifier rerank
    frequencies, stored with the model);
 2. every record gets its pool-independent features (``reranker/features.py``),
    computed with the untrained all-MiniLM-L6-v2 bi-encoder;
+   the pages judged for each question are remembered with the model
+   (``reranker/question_memory.py``); a record's memory features come from the
+   memory of the other documents' folds;
 3. a logistic regression is fitted on all records (soft labels where a record
    has one); every record with an answer is also trained without it (question-
    only queries), so the model is calibrated for both;
@@ -30,7 +33,9 @@ import numpy as np
 
 from evidentia.reranker.classifier_model import ModelMetadata
 from evidentia.reranker.features import FEATURE_NAMES, FeatureExtractor, TermStatistics
-from evidentia.reranker.relevance_model import (KIND, FeatureModelError, choose_threshold, fit, out_of_fold)
+from evidentia.reranker.question_memory import QuestionMemory
+from evidentia.reranker.relevance_model import (KIND, FeatureModelError, choose_threshold, fit, fold_of_groups,
+                                                out_of_fold)
 from evidentia.training.dataset import TrainingRecord
 
 DEFAULT_EMBEDDER = "all-MiniLM-L6-v2"
@@ -38,6 +43,7 @@ DEFAULT_EMBEDDER = "all-MiniLM-L6-v2"
 # by document on the training split of both domains (0.1 ranked the hybrid pools
 # better than 1.0 in both; docs/BENCHMARKS.md section 8b).
 DEFAULT_REGULARISATION = 0.1
+MEMORY_FOLDS = 5  # folds by document for the records' own memory features
 
 
 def embedding_windows() -> dict:
@@ -65,6 +71,25 @@ def record_features(records: Sequence[TrainingRecord], extractor: FeatureExtract
                                       document_source=document_source)
         if progress is not None:
             progress(len(idx))
+    return out
+
+
+def memory_entries(records: Sequence[TrainingRecord], extractor: FeatureExtractor, vector_source=None):
+    """One memory entry per judged (question, page), with the page's document:
+    ((question vector, window vectors, relevant, question), doc_id)."""
+    question_vectors: dict[str, np.ndarray] = {}
+    seen = set()
+    out = []
+    for r in records:
+        key = (r.question, r.doc_id, r.page, r.page_text)
+        if key in seen or not r.question.strip():
+            continue
+        seen.add(key)
+        if r.question not in question_vectors:
+            question_vectors[r.question] = extractor.question_vector(r.question)
+        relevant = (r.soft_label if r.soft_label is not None else float(r.relevance)) >= 0.5
+        windows = extractor.page_windows(r.doc_id or None, r.page, r.page_text, vector_source)
+        out.append(((question_vectors[r.question], windows, relevant, r.question), r.doc_id or ""))
     return out
 
 
@@ -96,12 +121,29 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
 
         vectors = stored_vector_source(backend, embedder.name)
         documents = stored_document_source(backend)  # the document features: every page of a record's document
-    x = record_features(records, extractor, vector_source=vectors, document_source=documents)
+    groups = [r.doc_id or "" for r in records]
+    entries = memory_entries(records, extractor, vectors)
+    x = np.zeros((len(records), len(FEATURE_NAMES)))
+    folds = fold_of_groups(groups, MEMORY_FOLDS, seed)
+    if len(set(groups)) >= 2:
+        # A record's memory features come from a memory without its own document
+        # (the other folds'), as a new supplier's page meets the questions the
+        # model remembers: otherwise the fit would trust a page's memory of itself.
+        for k in sorted(set(folds.tolist())):
+            rows = np.flatnonzero(folds == k)
+            own = {groups[i] for i in rows}
+            extractor.memory = QuestionMemory.build([e for e, g in entries if g not in own])
+            x[rows] = record_features([records[i] for i in rows], extractor, vector_source=vectors,
+                                      document_source=documents)
+    else:
+        x[:] = record_features(records, extractor, vector_source=vectors, document_source=documents)
+    memory = QuestionMemory.build([e for e, _g in entries])
     labels = [r.soft_label if r.soft_label is not None else float(r.relevance) for r in records]
     hard = np.asarray([r.relevance for r in records])
     model = fit(x, labels, regularisation=regularisation)
-    groups = [r.doc_id or "" for r in records]
     metrics: dict = {"records": len(records), "positives": int(hard.sum()), "documents": len(set(groups)),
+                     "memory": {"questions": memory.size, "window_vectors": len(memory.vectors),
+                                "similarity": memory.similarity},
                      "feature_seconds": round(time.perf_counter() - t0, 1)}
     if len(set(groups)) >= 2:
         oof = out_of_fold(x, labels, groups, regularisation=regularisation, seed=seed)
@@ -131,6 +173,7 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
     )
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    memory.save(out_dir)
     metadata.write(out_dir)
     log(f"trained in {time.perf_counter() - t0:.1f} s: " + json.dumps(metrics))
     return metadata

@@ -1,0 +1,107 @@
+"""What the model remembers of the questions it was trained on: the window vectors
+of the pages judged for each question (relevant or not), kept with the model.
+
+Questionnaires repeat: the same CSR question reaches hundreds of suppliers, and the
+analysts' verdicts on one supplier's pages say what the evidence looks like for the
+next. For a query whose question is close to a remembered one (cosine of the
+question vectors >= ``similarity``), three features of a page (``MEMORY_FEATURE_NAMES``):
+whether a question matched, the page's best cosine with the pages judged relevant
+for the matched questions, and that minus its best cosine with the pages judged not
+relevant. A new question gets 0, 0, 0 and the other features decide.
+
+The memory is fixed once the model is trained (it is a file of the model), so a page
+still gets the same probability whatever pool it comes in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+MEMORY_FEATURE_NAMES = (
+    "memory_known",     # 1 when the question is close to one the model was trained on
+    "memory_relevant",  # best cosine of the page's windows with pages judged relevant for it
+    "memory_margin",    # that minus the best cosine with pages judged not relevant
+)
+FILE_NAME = "question-memory.npz"
+# Cosine of two questions' vectors above which they count as the same question:
+# 0.8 and 0.95 gave the same cross-validated ranking (docs/BENCHMARKS.md, section 8c).
+DEFAULT_SIMILARITY = 0.8
+
+
+@dataclass(frozen=True)
+class MemoryMatch:
+    """The remembered pages of the questions a query matched."""
+
+    relevant: np.ndarray  # (rows, dim) window vectors
+    not_relevant: np.ndarray  # (rows, dim)
+
+    def features(self, windows: np.ndarray) -> list[float]:
+        if windows.size == 0:
+            return [1.0, 0.0, 0.0]
+        best_relevant = float((windows @ self.relevant.T).max()) if len(self.relevant) else 0.0
+        best_other = float((windows @ self.not_relevant.T).max()) if len(self.not_relevant) else 0.0
+        return [1.0, best_relevant, best_relevant - best_other]
+
+
+@dataclass(frozen=True)
+class QuestionMemory:
+    questions: np.ndarray  # (Q, dim) question vectors, L2-normalised
+    vectors: np.ndarray  # (R, dim) window vectors of the judged pages
+    question_of: np.ndarray  # (R,) index into questions
+    relevant: np.ndarray  # (R,) bool
+    similarity: float = DEFAULT_SIMILARITY
+
+    @classmethod
+    def build(cls, entries: Sequence[tuple[np.ndarray, np.ndarray, bool, str]],
+              similarity: float = DEFAULT_SIMILARITY) -> "QuestionMemory":
+        """``entries``: (question vector, the page's window vectors, relevant, question text)."""
+        index: dict[str, int] = {}
+        questions, vectors, owner, labels = [], [], [], []
+        for question_vec, windows, relevant, text in entries:
+            if text not in index:
+                index[text] = len(questions)
+                questions.append(np.asarray(question_vec, dtype=np.float32))
+            if windows is None or windows.size == 0:
+                continue
+            vectors.append(np.asarray(windows, dtype=np.float32))
+            owner += [index[text]] * len(windows)
+            labels += [bool(relevant)] * len(windows)
+        dim = len(questions[0]) if questions else 0
+        return cls(np.vstack(questions) if questions else np.zeros((0, dim), np.float32),
+                   np.vstack(vectors) if vectors else np.zeros((0, dim), np.float32),
+                   np.asarray(owner, dtype=np.int32), np.asarray(labels, dtype=bool), similarity)
+
+    @property
+    def size(self) -> int:
+        return len(self.questions)
+
+    def match(self, question_vec: np.ndarray) -> MemoryMatch | None:
+        """The remembered pages of the questions close to this one, or None."""
+        if not len(self.questions) or self.questions.shape[1] != len(question_vec):
+            return None
+        close = np.flatnonzero(self.questions @ question_vec >= self.similarity)
+        if not len(close):
+            return None
+        rows = np.isin(self.question_of, close)
+        return MemoryMatch(self.vectors[rows & self.relevant], self.vectors[rows & ~self.relevant])
+
+    def save(self, directory: Path) -> Path:
+        path = Path(directory) / FILE_NAME
+        np.savez_compressed(path, questions=self.questions.astype(np.float16), vectors=self.vectors.astype(np.float16),
+                            question_of=self.question_of, relevant=self.relevant,
+                            similarity=np.asarray(self.similarity))
+        return path
+
+    @classmethod
+    def load(cls, directory: Path) -> "QuestionMemory | None":
+        path = Path(directory) / FILE_NAME
+        if not path.exists():
+            return None
+        with np.load(path) as data:
+            return cls(data["questions"].astype(np.float32), data["vectors"].astype(np.float32),
+                       data["question_of"].astype(np.int32), data["relevant"].astype(bool),
+                       float(data["similarity"]))

