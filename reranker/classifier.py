@@ -134,7 +134,11 @@ class ClassifierReranker(Reranker):
             from evidentia.reranker.features import stored_document_source, stored_vector_source
 
             vectors = stored_vector_source(self._backend, self.extractor.embedder.name)
-            documents = stored_document_source(self._backend)
+            # The document features score the document's other pages from their stored
+            # vectors; a backend that cannot return them (Elasticsearch keeps them out
+            # of _source) would be read page by page for nothing: its pages stand alone.
+            if hasattr(self._backend, "page_vectors"):
+                documents = stored_document_source(self._backend)
         return self.extractor.features(question, answer, pages, vector_source=vectors, document_source=documents)
 
     def probabilities(self, question: str, answer: str, texts: Sequence[str]) -> list[float]:
