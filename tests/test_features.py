@@ -311,13 +311,15 @@ def test_training_chose_a_threshold_and_recorded_out_of_fold_metrics(features_re
     assert features_reranker.default_threshold == metrics["threshold"]["t"]
 
 
-def test_multilingual_pages_are_not_ranked_worse_than_bm25(multilingual_pdf, tmp_path):
+@pytest.mark.parametrize("dense", [True, False], ids=["with-page-vectors", "bm25-only-index"])
+def test_multilingual_pages_are_not_ranked_worse_than_bm25(multilingual_pdf, tmp_path, dense):
     """One question per language page, written in its language from the page; the
-    shipped model must rank the page at least as high as BM25 does."""
+    shipped model must rank the page at least as high as BM25 does, with the
+    document features (an index with page vectors) and without (pages alone)."""
     from evidentia.config import Settings
     from evidentia.engine import Engine
 
-    engine = Engine(Settings(data_dir=tmp_path / "data", dense=False))
+    engine = Engine(Settings(data_dir=tmp_path / "data", dense=dense))
     engine.index_paths([multilingual_pdf.path], progress=False)
     bm25 = engine.config(stage="bm25", reranker="none")
     reranked = engine.config(stage="bm25", reranker="classifier", threshold=0.0)
@@ -354,3 +356,27 @@ def test_calibrate_rescales_a_features_model_and_never_uses_the_rank(tmp_path):
     assert 0.3 < result.calibration.a < 0.7  # undoes the factor 2
     refit = ModelMetadata.read(tmp_path).extra["feature_model"]
     np.testing.assert_allclose(refit["weights"], [result.calibration.a * w for w in model.weights])
+
+
+def test_probability_is_a_property_of_the_page_in_a_real_index(multilingual_pdf, tmp_path):
+    """Indexed with page vectors, the shipped model reads the whole document: a page
+    gets the same probability alone, in the pool and in reverse order, and its
+    document features are those of its place in the document, not in the pool."""
+    from evidentia.config import Settings
+    from evidentia.engine import Engine
+    from evidentia.reranker.classifier import ClassifierReranker
+
+    engine = Engine(Settings(data_dir=tmp_path / "data"))
+    engine.index_paths([multilingual_pdf.path], progress=False)
+    query = engine.query("What were the greenhouse gas emissions?", "")
+    pool = engine.retrieve(query, [multilingual_pdf.doc_id], "hybrid", 20)
+    reranker = ClassifierReranker(None, threshold=None, embedder=engine.embedder)
+    reranker.attach_backend(engine.backend)
+    full = {p.page: p.probability for p in reranker.rerank(query, pool).pages}
+    reversed_ = {p.page: p.probability for p in reranker.rerank(query, pool[::-1]).pages}
+    assert full == pytest.approx(reversed_, abs=1e-12)
+    for candidate in pool[:3]:
+        alone = reranker.rerank(query, [candidate]).pages[0].probability
+        assert alone == pytest.approx(full[candidate.page], abs=1e-12)
+    rows = reranker._features(query.question, query.answer, [(c.doc_id, c.page, c.text) for c in pool[-1:]])
+    assert _doc_feature(rows[0], "doc_rank_cos") > 0 or _doc_feature(rows[0], "doc_rank_bm25") > 0  # not alone
