@@ -324,7 +324,7 @@ class FeatureExtractor:
         query_text = f"{question.strip()} {answer.strip()}".strip()
         vecs = self._encode_queries(query_text, question.strip() or query_text, answer.strip())
         terms = query_terms(question, answer, language)
-        match = self.memory.match(vecs[1]) if self.memory is not None else None
+        match = self.memory.match(vecs[1], question) if self.memory is not None else None
         n_page = len(ROW_FEATURE_NAMES)
         out[:, :n_page] = self._page_features(vecs, terms, pages, vector_source, match=match)
         by_doc: dict[str, list[int]] = {}

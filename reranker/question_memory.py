@@ -3,8 +3,10 @@ of the pages judged for each question (relevant or not), kept with the model.
 
 Questionnaires repeat: the same CSR question reaches hundreds of suppliers, and the
 analysts' verdicts on one supplier's pages say what the evidence looks like for the
-next. For a query whose question is close to a remembered one (cosine of the
-question vectors >= ``similarity``), three features of a page (``MEMORY_FEATURE_NAMES``):
+next. For a query whose question is a remembered one (the same words), or else close to
+remembered ones (cosine of the question vectors >= ``similarity`` and the same
+figures: "scope 1" and "scope 3" questions are 0.97 apart in the bi-encoder but
+ask for different evidence), three features of a page (``MEMORY_FEATURE_NAMES``):
 whether a question matched, the page's best cosine with the pages judged relevant
 for the matched questions, and that minus its best cosine with the pages judged not
 relevant. A new question gets 0, 0, 0 and the other features decide.
@@ -15,6 +17,7 @@ still gets the same probability whatever pool it comes in.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -47,6 +50,14 @@ class MemoryMatch:
         return [1.0, best_relevant, best_relevant - best_other]
 
 
+def normalised_question(text: str) -> str:
+    return " ".join(re.findall(r"\w+", text.lower()))
+
+
+def _figures(text: str) -> frozenset[str]:
+    return frozenset(re.findall(r"\d+(?:[.,]\d+)*", text))
+
+
 @dataclass(frozen=True)
 class QuestionMemory:
     questions: np.ndarray  # (Q, dim) question vectors, L2-normalised
@@ -54,6 +65,7 @@ class QuestionMemory:
     question_of: np.ndarray  # (R,) index into questions
     relevant: np.ndarray  # (R,) bool
     similarity: float = DEFAULT_SIMILARITY
+    texts: tuple[str, ...] = ()  # the questions, normalised (normalised_question)
 
     @classmethod
     def build(cls, entries: Sequence[tuple[np.ndarray, np.ndarray, bool, str]],
@@ -61,7 +73,8 @@ class QuestionMemory:
         """``entries``: (question vector, the page's window vectors, relevant, question text)."""
         index: dict[str, int] = {}
         questions, vectors, owner, labels = [], [], [], []
-        for question_vec, windows, relevant, text in entries:
+        for question_vec, windows, relevant, question in entries:
+            text = normalised_question(question)
             if text not in index:
                 index[text] = len(questions)
                 questions.append(np.asarray(question_vec, dtype=np.float32))
@@ -73,17 +86,24 @@ class QuestionMemory:
         dim = len(questions[0]) if questions else 0
         return cls(np.vstack(questions) if questions else np.zeros((0, dim), np.float32),
                    np.vstack(vectors) if vectors else np.zeros((0, dim), np.float32),
-                   np.asarray(owner, dtype=np.int32), np.asarray(labels, dtype=bool), similarity)
+                   np.asarray(owner, dtype=np.int32), np.asarray(labels, dtype=bool), similarity, tuple(index))
 
     @property
     def size(self) -> int:
         return len(self.questions)
 
-    def match(self, question_vec: np.ndarray) -> MemoryMatch | None:
-        """The remembered pages of the questions close to this one, or None."""
+    def match(self, question_vec: np.ndarray, question: str) -> MemoryMatch | None:
+        """The remembered pages of this question (asked with the same words), else of
+        the questions close to it with the same figures; None for a new question."""
         if not len(self.questions) or self.questions.shape[1] != len(question_vec):
             return None
-        close = np.flatnonzero(self.questions @ question_vec >= self.similarity)
+        text = normalised_question(question)
+        if text in self.texts:
+            close = np.asarray([self.texts.index(text)])
+        else:
+            figures = _figures(text)
+            close = np.asarray([i for i in np.flatnonzero(self.questions @ question_vec >= self.similarity)
+                                if _figures(self.texts[i]) == figures], dtype=int)
         if not len(close):
             return None
         rows = np.isin(self.question_of, close)
@@ -93,7 +113,7 @@ class QuestionMemory:
         path = Path(directory) / FILE_NAME
         np.savez_compressed(path, questions=self.questions.astype(np.float16), vectors=self.vectors.astype(np.float16),
                             question_of=self.question_of, relevant=self.relevant,
-                            similarity=np.asarray(self.similarity))
+                            similarity=np.asarray(self.similarity), texts=np.asarray(self.texts, dtype=str))
         return path
 
     @classmethod
@@ -104,4 +124,4 @@ class QuestionMemory:
         with np.load(path) as data:
             return cls(data["questions"].astype(np.float32), data["vectors"].astype(np.float32),
                        data["question_of"].astype(np.int32), data["relevant"].astype(bool),
-                       float(data["similarity"]))
+                       float(data["similarity"]), tuple(str(t) for t in data["texts"]))

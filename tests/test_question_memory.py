@@ -30,7 +30,7 @@ def _memory(similarity=0.8):
 
 
 def test_a_question_asked_before_recognises_pages_like_its_evidence():
-    match = _memory().match(_unit(0.95, 0.05, 0, 0))
+    match = _memory().match(_unit(0.95, 0.05, 0, 0), "Your scope 3 emissions, please?")
     assert match is not None
     like_evidence = match.features(np.stack([_unit(0, 0, 0.9, 0.1)]))
     like_canteen = match.features(np.stack([_unit(0, 0, 0.1, 0.9)]))
@@ -39,9 +39,29 @@ def test_a_question_asked_before_recognises_pages_like_its_evidence():
 
 
 def test_a_new_question_gets_nothing_from_memory():
-    assert _memory().match(Q_WATER) is None
-    assert QuestionMemory.build([]).match(Q_WATER) is None
-    assert _memory().match(np.ones(7, dtype=np.float32)) is None  # vectors of another model
+    assert _memory().match(Q_WATER, "How much water do you use?") is None
+    assert QuestionMemory.build([]).match(Q_WATER, "How much water do you use?") is None
+    assert _memory().match(np.ones(7, dtype=np.float32), "What are your scope 3 emissions?") is None  # another model
+
+
+def test_close_questions_asking_for_other_figures_do_not_match():
+    """"scope 1" and "scope 3" questions are 0.97 apart in the bi-encoder; the
+    evidence of one is not the evidence of the other."""
+    memory = _memory()
+    assert memory.match(Q_EMISSIONS, "What are your scope 1 emissions?") is None
+    assert memory.match(Q_EMISSIONS, "What were your scope 3 emissions?") is not None
+
+
+def test_a_question_asked_with_the_same_words_matches_only_itself():
+    memory = QuestionMemory.build([
+        (Q_EMISSIONS, SCOPE3_PAGE, True, "Does the company disclose adaptation targets?"),
+        (_unit(0.99, 0.1, 0, 0), CANTEEN_PAGE, True, "Does the company disclose mitigation targets?"),
+    ])
+    both = memory.match(Q_EMISSIONS, "Does the company disclose its targets?")
+    assert both is not None and len(both.relevant) == 2  # close to both, no exact match
+    exact = memory.match(Q_EMISSIONS, "does the company disclose ADAPTATION targets")
+    assert exact is not None and len(exact.relevant) == 1
+    np.testing.assert_allclose(exact.relevant, SCOPE3_PAGE)
 
 
 def test_memory_survives_saving_with_the_model(tmp_path):
@@ -49,6 +69,7 @@ def test_memory_survives_saving_with_the_model(tmp_path):
     memory.save(tmp_path)
     loaded = QuestionMemory.load(tmp_path)
     assert loaded.size == 1 and loaded.similarity == pytest.approx(0.9)
+    assert loaded.texts == ("what are your scope 3 emissions",)
     assert loaded.relevant.tolist() == [True, False]
     np.testing.assert_allclose(loaded.vectors, memory.vectors, atol=1e-3)
     assert QuestionMemory.load(tmp_path / "nowhere") is None
