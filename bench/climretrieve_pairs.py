@@ -3,8 +3,9 @@ pair of a held-out report (training/splits/heldout.json), labelled 1 when the
 experts marked the passage for the question (relevance >= 1), else 0 (marked for
 another question of the same report). AUROC of each score over all pairs, and
 ECE of the model's probability, over all pairs and over the pairs of questions
-with at least one marked passage in the report (the setting of the pools). Each passage is scored as a page of its report
-(the report's passages are the document of the model's document features).
+with at least one marked passage in the report (the setting of the pools). Each
+passage is scored as a page of its report (the report's passages are the
+document of the model's document features).
 
 Scores: the untrained all-MiniLM-L6-v2 cosine (question alone; question + the
 question's definition), and the classifier model given the question alone, the

@@ -157,15 +157,13 @@ def index_paths(
         # The next file is extracted while this one is embedded (one ahead, in a
         # thread: the embedding model and a bounded extraction child release the
         # GIL), so extraction costs no wall time when embedding is the slow part.
+        ids = [doc_id_of(path) for path in files]
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="evidentia-extract") as pool:
-            ahead = None
-            for n, path in enumerate(files):
-                doc_id = doc_id_of(path)
-                if ahead is None or ahead[0] != n:
-                    ahead = (n, pool.submit(extract, path, doc_id))
-                job = ahead[1]
+            ahead = pool.submit(extract, files[0], ids[0]) if files else None
+            for n, (path, doc_id) in enumerate(zip(files, ids)):
+                job = ahead
                 if n + 1 < len(files):
-                    ahead = (n + 1, pool.submit(extract, files[n + 1], doc_id_of(files[n + 1])))
+                    ahead = pool.submit(extract, files[n + 1], ids[n + 1])
                 pages = 0
                 if doc_id in indexed_from:
                     job.cancel()

@@ -343,7 +343,8 @@ class FeatureExtractor:
             # indexed without vectors is not embedded whole at query time: its pages
             # stand alone. Without a vector source (a benchmark, a test), every
             # page is embedded here.
-            rest_features = (self._page_features(vecs, terms, rest, vector_source, match=match,
+            # (the document features read only the page features: no memory for these pages)
+            rest_features = (self._page_features(vecs, terms, rest, vector_source,
                                                  stored_only=vector_source is not None) if known else None)
             if rest_features is None:
                 for i in rows:
@@ -359,13 +360,18 @@ class FeatureExtractor:
         return out
 
     def page_windows(self, doc_id: str | None, page: int | None, text: str,
-                     vector_source: PageVectorSource | None = None) -> np.ndarray:
+                     vector_source: PageVectorSource | None = None, stored_only: bool = False) -> np.ndarray | None:
         """The page's window vectors: stored at indexing time when the source has
-        them, else computed (and cached) here."""
+        them, else computed (and cached) here; with ``stored_only``, None instead of
+        computing them for a page with text."""
         vectors = None
         if vector_source is not None and doc_id is not None and page is not None:
             vectors = vector_source(doc_id, page, text)
-        return vectors if vectors is not None else self.window_vectors(text)
+        if vectors is None:
+            if stored_only and (text or "").strip():
+                return None
+            vectors = self.window_vectors(text)
+        return vectors
 
     def question_vector(self, question: str) -> np.ndarray:
         return self.embedder._encode([question.strip()], role="query")[0]
@@ -379,13 +385,9 @@ class FeatureExtractor:
         n_page = len(PAGE_FEATURE_NAMES)
         out = np.zeros((len(pages), len(ROW_FEATURE_NAMES)), dtype=np.float64)
         for i, (doc_id, page, text) in enumerate(pages):
-            vectors = None
-            if vector_source is not None and doc_id is not None and page is not None:
-                vectors = vector_source(doc_id, page, text)
-            if vectors is None and stored_only and (text or "").strip():
-                return None
+            vectors = self.page_windows(doc_id, page, text, vector_source, stored_only)
             if vectors is None:
-                vectors = self.window_vectors(text)
+                return None
             out[i, :4] = cosine_features(q_vec, question_vec, answer_vec, vectors)
             out[i, 4:n_page] = lexical_features(terms, text, self.stats)
             if match is not None and vectors.size and vectors.shape[1] == len(q_vec):
