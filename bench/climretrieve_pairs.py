@@ -34,6 +34,12 @@ def auroc(scores, labels) -> float:
     return round(float(roc_auc_score(labels, scores)), 4)
 
 
+def per_query_auroc(scores, labels, queries) -> float:
+    """Mean AUROC within each (report, question) having both relevant and other passages."""
+    values = [auroc(scores[idx], labels[idx]) for idx in queries.values() if 0 < labels[idx].sum() < len(idx)]
+    return round(float(np.mean(values)), 4)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[2] / "shared/data/climretrieve-train")
@@ -72,7 +78,13 @@ def main() -> int:
             feats[idx] = ext.features(q, a, [(pairs[i][0], page_of[(pairs[i][0], pairs[i][2])], pairs[i][2])
                                              for i in idx], document_source=documents.get)
         probs = reranker.feature_model.probabilities(feats)
+        queries = defaultdict(list)
+        for i, (rep, q, _text, _label) in enumerate(pairs):
+            queries[(rep, q)].append(i)
         out[name] = {"untrained cosine AUROC": auroc(feats[:, 0], labels), "model AUROC": auroc(probs, labels),
+                     # within one (report, question): the order the product shows
+                     "per query: untrained cosine AUROC": per_query_auroc(feats[:, 0], labels, queries),
+                     "per query: model AUROC": per_query_auroc(probs, labels, queries),
                      "model ECE": round(expected_calibration_error(probs.tolist(), labels.tolist()), 4),
                      "mean probability": round(float(probs.mean()), 4),
                      # the pools' setting: (report, question) pairs with at least one marked passage

@@ -13,6 +13,8 @@ same features - and the same probability - whatever pool it comes in.
   normalisation) and of adjacent keyword pairs (phrases);
 - the answer's figures found on the page (numbers normalised as at index time);
 - the page's length and share of numeric tokens (tables vs prose);
+- whether the page is titled as the financial statement the question names
+  ("balance sheet" against "Consolidated Statements of Financial Position");
 - what the model remembers of the same question asked before (the pages judged
   for it in training: ``reranker/question_memory.py``);
 - the page's standing in its own document (``DOCUMENT_FEATURE_NAMES``): its rank
@@ -38,6 +40,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import numpy as np
 
 from evidentia.reranker.question_memory import MEMORY_FEATURE_NAMES, MemoryMatch, QuestionMemory
+from evidentia.reranker.statements import named_statements, titled_statements
 from evidentia.text import keywords, normalise_numbers, tokens
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -62,6 +65,7 @@ PAGE_FEATURE_NAMES = (
     "has_answer",       # 1 when an answer was given (the answer features are 0 without one)
     "log_len",          # ln(1 + page tokens)
     "num_share",        # share of numeric tokens on the page
+    "statement_title",  # 1 when the question names a financial statement and the page is titled as it (reranker/statements.py)
 )
 DOCUMENT_FEATURE_NAMES = (
     "doc_rank_cos",     # ln(1 + pages of the document with a higher cos_query)
@@ -114,6 +118,7 @@ class QueryTerms:
     pairs: tuple[tuple[str, str], ...]  # adjacent question keywords
     weights: dict = None  # stem -> fixed IDF (term_weight)
     has_answer: bool = False
+    statements: frozenset = frozenset()  # financial statements the question names
 
 
 def query_terms(question: str, answer: str, language: str | None = None) -> QueryTerms:
@@ -127,7 +132,8 @@ def query_terms(question: str, answer: str, language: str | None = None) -> Quer
     qset = set(q)
     words = tuple(dict.fromkeys(_stem(t) for t in a_all if not _is_number(t) and _stem(t) not in qset))
     pairs = tuple(dict.fromkeys(zip(q, q[1:])))
-    return QueryTerms(tuple(dict.fromkeys(q)), words, numbers, pairs, weights, bool(answer.strip()))
+    return QueryTerms(tuple(dict.fromkeys(q)), words, numbers, pairs, weights, bool(answer.strip()),
+                      named_statements(question))
 
 
 @dataclass(frozen=True)
@@ -161,7 +167,7 @@ class TermStatistics:
 
 
 def lexical_features(terms: QueryTerms, page_text: str, stats: TermStatistics | None = None) -> list[float]:
-    """cov_question .. num_share of FEATURE_NAMES."""
+    """cov_question .. statement_title of FEATURE_NAMES."""
     toks = [_stem(t) for t in tokens(normalise_numbers(page_text or ""))]
     n = len(toks)
     counts = Counter(toks)
@@ -202,6 +208,7 @@ def lexical_features(terms: QueryTerms, page_text: str, stats: TermStatistics | 
         1.0 if terms.has_answer else 0.0,
         math.log1p(n),
         numbers / n if n else 0.0,
+        1.0 if terms.statements and terms.statements & titled_statements(page_text) else 0.0,
     ]
 
 

@@ -1,0 +1,79 @@
+"""reranker/statements.py: a financial statement named by a question, titled on a page."""
+
+from evidentia.reranker.features import PAGE_FEATURE_NAMES, lexical_features, query_terms
+from evidentia.reranker.statements import named_statements, titled_statements
+
+BALANCE_SHEET = """Table of Contents
+3M Company and Subsidiaries
+Consolidated Balance Shee t
+At December 31
+(Dollars in millions, except per share amount)
+Assets
+Cash and cash equivalents 2,853 3,053
+Accounts payable 2,266 1,945"""
+
+FINANCIAL_POSITION = """The Boeing Company and Subsidiaries
+Consolidated Statements of Financial Position
+(Dollars in millions, except per share data)
+December 31, 2018 2017"""
+
+NOTE_MENTIONING_IT = """NOTES TO CONSOLIDATED FINANCIAL STATEMENTS
+Note 4. Inventories
+Inventories shown in the Consolidated Balance Sheets are stated at the lower of cost or market.
+The components are as follows."""
+
+INDEX_PAGE = """INDEX TO CONSOLIDATED FINANCIAL STATEMENTS
+Report of Independent Registered Public Accounting Firm 50
+Consolidated Statements of Operations 52
+Consolidated Balance Sheets 54
+Consolidated Statements of Cash Flows 55"""
+
+CASH_FLOWS_AFTER_TABLE_RULES = """| | | |
+| | 52 | |
+Consolidated Statements of Cash Flow s (continued)
+GENERAL MILLS, INC. AND SUBSIDIARIES
+(In Millions)"""
+
+
+def test_questions_name_statements_in_their_own_words():
+    assert named_statements("Basing your judgments off of the balance sheet, what is AP?") == {"balance"}
+    assert named_statements("According to the statement of financial position, ...") == {"balance"}
+    assert named_statements("Using the P&L statement and the statement of cash flows") == {"income", "cash"}
+    assert named_statements("What is FY2019 revenue per the income statement?") == {"income"}
+    assert named_statements("Refer to the statement of comprehensive income") == {"comprehensive"}
+    assert named_statements("What drove the change in operating margin?") == frozenset()
+    # "cash flow" alone is a measure, not the statement
+    assert named_statements("What was the operating cash flow in 2022?") == frozenset()
+
+
+def test_a_page_titled_as_a_statement_is_found_in_other_words_and_broken_words():
+    assert titled_statements(BALANCE_SHEET) == {"balance"}
+    assert titled_statements(FINANCIAL_POSITION) == {"balance"}
+    assert titled_statements(CASH_FLOWS_AFTER_TABLE_RULES) == {"cash"}
+
+
+def test_a_mention_in_running_text_or_an_index_line_with_a_page_number_is_not_a_title():
+    assert titled_statements(NOTE_MENTIONING_IT) == frozenset()
+    assert titled_statements(INDEX_PAGE) == frozenset()
+    assert titled_statements("") == frozenset()
+
+
+def test_statement_title_feature_needs_both_sides():
+    column = PAGE_FEATURE_NAMES.index("statement_title") - 4  # lexical_features start at cov_question
+    asks = query_terms("Basing your judgments off of the balance sheet, what is year-end accounts payable?", "$303")
+    other = query_terms("What is year-end accounts payable?", "$303")
+    cash = query_terms("According to the statement of cash flows, what is capex?", "")
+    assert lexical_features(asks, FINANCIAL_POSITION)[column] == 1.0
+    assert lexical_features(asks, NOTE_MENTIONING_IT)[column] == 0.0
+    assert lexical_features(other, FINANCIAL_POSITION)[column] == 0.0
+    assert lexical_features(cash, FINANCIAL_POSITION)[column] == 0.0
+
+
+def test_an_index_of_statements_on_separate_lines_is_not_a_title():
+    index = "INDEX TO FINANCIAL STATEMENTS\nConsolidated Statements of Operations\nConsolidated Balance Sheets\nConsolidated Statements of Cash Flows\n52\n54\n55"
+    assert titled_statements(index) == frozenset()
+
+
+def test_a_combined_statement_is_both():
+    page = "AMD\nConsolidated Statements of Operations and Comprehensive Loss\n(In millions)"
+    assert titled_statements(page) == {"income", "comprehensive"}
