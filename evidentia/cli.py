@@ -9,7 +9,7 @@ from typing import List, Optional
 
 import typer
 
-from evidentia.config import ConfigError
+from evidentia.config import ConfigError, declared_default
 from evidentia.console import EXIT_BACKEND, EXIT_BAD_INPUT, EXIT_FALLBACK, Context, fail, quiet_libraries
 
 # rich_markup_mode=None: plain help, so flags read as `--json`, not `--json <bool>`
@@ -92,13 +92,15 @@ def search(
     question: str = typer.Option(..., "--question", "-q"),
     answer: str = typer.Option("", "--answer", "-a"),
     tenant: Optional[str] = typer.Option(None, "--tenant", help=TENANT_HELP),
-    top_k: Optional[int] = typer.Option(None, "--top-k", help="Candidate pool size (default EVIDENTIA_POOL_SIZE, 20)."),
+    top_k: Optional[int] = typer.Option(None, "--top-k", help="Candidate pool size (default EVIDENTIA_POOL_SIZE, "
+                                      f"{declared_default('pool_size')})."),
     reranker: Optional[str] = typer.Option(None, "--reranker", help="none, llm or classifier "
-                                           "(default EVIDENTIA_DEFAULT_RERANKER, none)."),
+                                           f"(default EVIDENTIA_DEFAULT_RERANKER, {declared_default('default_reranker')})."),
     stage: Optional[str] = typer.Option(None, "--stage", help="First stage: bm25, dense or hybrid "
                                         "(default EVIDENTIA_STAGE, hybrid; bm25 with EVIDENTIA_DENSE=off)."),
     threshold: Optional[float] = typer.Option(None, "--threshold", help="Drop pages whose relevance probability is "
-                                              "below T (classifier; default EVIDENTIA_CLASSIFIER_THRESHOLD, 0.15)."),
+                                              "below T (classifier; default EVIDENTIA_CLASSIFIER_THRESHOLD, "
+                                              f"{declared_default('classifier_threshold')})."),
     strict: bool = typer.Option(False, "--strict", help=f"Exit with code {EXIT_FALLBACK} when the reranker could not "
                                 "rank and the first-stage order was returned instead."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),

@@ -322,6 +322,11 @@ def _shown(f: dataclasses.Field) -> str:
     return f"`{f.default}`"
 
 
+def declared_default(name: str) -> Any:
+    """A setting's declared default, for help texts that must not drift from it."""
+    return {f.name: f.default for f in dataclasses.fields(Settings)}[name]
+
+
 def settings_table() -> str:
     """The README's settings table, generated from the declarations."""
     rows = ["| variable | default | meaning |", "|---|---|---|"]

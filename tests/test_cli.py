@@ -351,3 +351,14 @@ def test_search_reports_a_fallback_and_strict_exits_non_zero(cli, indexed, monke
     strict = cli("search", "--doc", indexed, "-q", "emissions", "--reranker", "llm", "--strict")
     assert strict.exit_code == 4 and strict.stdout  # the pages still come, the exit code tells scripts
     assert cli("search", "--doc", indexed, "-q", "emissions", "--strict").exit_code == 0  # no reranker, no fallback
+
+
+def test_search_help_shows_the_declared_defaults():
+    """The help must not drift from the settings (it once said 0.15 for a 0.065 threshold)."""
+    from evidentia.config import Settings
+
+    defaults = Settings()
+    out = " ".join(CliRunner().invoke(app, ["search", "--help"], terminal_width=200).output.split())
+    assert f"EVIDENTIA_CLASSIFIER_THRESHOLD, {defaults.classifier_threshold})" in out
+    assert f"EVIDENTIA_POOL_SIZE, {defaults.pool_size})" in out
+    assert f"EVIDENTIA_DEFAULT_RERANKER, {defaults.default_reranker})" in out
