@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from evidentia.config import declared_default
+
 # Modules the forkserver imports once, so that each forked job starts warm.
 PRELOAD = ["evidentia.indexer.worker", "evidentia.indexer.pdf", "pymupdf"]
 # Background extraction yields the CPU to the API's own threads (validations on a
@@ -59,15 +61,16 @@ class WorkFailed(Exception):
 
 @dataclass(frozen=True)
 class ExtractionLimits:
-    """Bounds of one document's extraction (EVIDENTIA_EXTRACT_* / EVIDENTIA_MAX_*)."""
+    """Bounds of one document's extraction (EVIDENTIA_EXTRACT_* / EVIDENTIA_MAX_*);
+    the defaults are the settings' declared ones."""
 
-    timeout_s: float = 300.0
-    memory_mb: int = 768
-    max_page_chars: int = 100_000
-    max_document_chars: int = 20_000_000
-    max_page_content_mb: int = 8
-    max_document_content_mb: int = 1024
-    max_pages: int = 2000
+    timeout_s: float = declared_default("extract_timeout_s")
+    memory_mb: int = declared_default("extract_memory_mb")
+    max_page_chars: int = declared_default("max_page_chars")
+    max_document_chars: int = declared_default("max_document_chars")
+    max_page_content_mb: int = declared_default("max_page_content_mb")
+    max_document_content_mb: int = declared_default("max_document_content_mb")
+    max_pages: int = declared_default("max_pages")
 
     @classmethod
     def from_settings(cls, settings) -> "ExtractionLimits":

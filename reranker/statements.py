@@ -27,9 +27,11 @@ _QUESTION_NAMES = {
 # and "&" removed (PDF extraction splits words: "Balance Shee t", "Cash Flow s")
 _TITLES = {
     "balance": r"balancesheets?|statements?offinancial(?:position|condition)",
+    # "Statements of Operations and Comprehensive Loss" is both statements in one
     "income": (r"incomestatements?|statements?of(?:consolidated)?(?:income|operations|earnings)"
                r"(?:andcomprehensive(?:income|loss)(?:loss)?)?|profitandloss"),
-    "comprehensive": r"statements?ofcomprehensive(?:income|loss)",
+    "comprehensive": (r"statements?ofcomprehensive(?:income|loss)"
+                      r"|statements?of(?:consolidated)?(?:income|operations|earnings)andcomprehensive(?:income|loss)(?:loss)?"),
     "cash": r"cashflows?statements?|statements?ofcashflows?",
     "equity": r"statements?of(?:stockholders|shareholders|changesin)(?:equity|deficit)",
 }
@@ -60,6 +62,4 @@ def titled_statements(page_text: str) -> frozenset[str]:
         for family, title in _TITLE_LINE.items():
             if title.fullmatch(squeezed):
                 found.add(family)
-        if "income" in found and "andcomprehensive" in squeezed:
-            found.add("comprehensive")  # "Statements of Operations and Comprehensive Loss": both in one
     return frozenset(found) if len(found) < _INDEX_FAMILIES else frozenset()
