@@ -76,6 +76,11 @@ DOCUMENT_FEATURE_NAMES = (
     "doc_z_cos",        # cos_query standardised over the document's pages
     "doc_rank_cos_question",  # ln(1 + pages of the document with a higher cos_question)
 )
+# Signs the relevance model's weights must keep (reranker/relevance_model.py): the
+# probability never rises as the page ranks lower in its document. With free signs
+# the fit paired a negative weight on the reciprocal-rank fusion with the log ranks
+# into a U: past the ranks seen in training, worse ranks scored higher.
+FEATURE_SIGNS = {"doc_rank_cos": -1, "doc_rank_bm25": -1, "doc_rank_cos_question": -1, "doc_rrf": +1}
 # A page's own features: PAGE_FEATURE_NAMES, then the question memory's
 # (reranker/question_memory.py); the document features are derived from them.
 ROW_FEATURE_NAMES = PAGE_FEATURE_NAMES + MEMORY_FEATURE_NAMES

@@ -16,7 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
-from evidentia.reranker.features import FEATURE_NAMES
+from evidentia.reranker.features import FEATURE_NAMES, FEATURE_SIGNS
 
 KIND = "features"
 
@@ -75,10 +75,9 @@ def _targets(labels: Sequence[float]) -> tuple[np.ndarray, np.ndarray, np.ndarra
 
 def fit(features: np.ndarray, labels: Sequence[float], weights: Sequence[float] | None = None,
         regularisation: float = 1.0) -> FeatureModel:
-    """L2-regularised logistic regression on standardised features. ``labels``:
-    0/1 or a probability of relevance; ``weights``: per-row weight (default 1)."""
-    from sklearn.linear_model import LogisticRegression
-
+    """L2-regularised logistic regression on standardised features, the weights of
+    FEATURE_SIGNS held to their sign. ``labels``: 0/1 or a probability of relevance;
+    ``weights``: per-row weight (default 1)."""
     x = np.asarray(features, dtype=np.float64)
     if x.ndim != 2 or x.shape[1] != len(FEATURE_NAMES):
         raise FeatureModelError(f"expected {len(FEATURE_NAMES)} features per row, got shape {x.shape}")
@@ -91,10 +90,30 @@ def fit(features: np.ndarray, labels: Sequence[float], weights: Sequence[float] 
     scale = x.std(axis=0)
     scale[scale == 0] = 1.0
     z = (x - mean) / scale
-    model = LogisticRegression(C=regularisation, max_iter=2000)
-    model.fit(z[rows], y, sample_weight=w)
-    return FeatureModel(FEATURE_NAMES, mean.tolist(), scale.tolist(), model.coef_[0].tolist(),
-                        float(model.intercept_[0]))
+    coef, bias = _sign_constrained_logistic(z[rows], y.astype(np.float64), w, regularisation,
+                                            [FEATURE_SIGNS.get(n, 0) for n in FEATURE_NAMES])
+    return FeatureModel(FEATURE_NAMES, mean.tolist(), scale.tolist(), coef.tolist(), bias)
+
+
+def _sign_constrained_logistic(z: np.ndarray, y: np.ndarray, w: np.ndarray, c: float,
+                               signs: Sequence[int]) -> tuple[np.ndarray, float]:
+    """scikit-learn's LogisticRegression objective (C * weighted log-loss + |coef|^2 / 2,
+    intercept free), minimised by L-BFGS-B with coef_j >= 0 where signs[j] > 0 and
+    coef_j <= 0 where signs[j] < 0 (scikit-learn takes no bounds)."""
+    from scipy.optimize import minimize
+
+    def objective(theta: np.ndarray) -> tuple[float, np.ndarray]:
+        coef, bias = theta[:-1], theta[-1]
+        margin = z @ coef + bias
+        loss = np.sum(w * (np.logaddexp(0.0, margin) - y * margin))
+        residual = w * (1.0 / (1.0 + np.exp(-np.clip(margin, -60, 60))) - y)
+        grad = np.concatenate([c * (z.T @ residual) + coef, [c * residual.sum()]])
+        return c * loss + 0.5 * coef @ coef, grad
+
+    bounds = [(0.0, None) if s > 0 else (None, 0.0) if s < 0 else (None, None) for s in signs] + [(None, None)]
+    result = minimize(objective, np.zeros(z.shape[1] + 1), jac=True, method="L-BFGS-B", bounds=bounds,
+                      options={"maxiter": 5000, "gtol": 1e-8})
+    return result.x[:-1], float(result.x[-1])
 
 
 def fold_of_groups(groups: Sequence[str], folds: int = 5, seed: int = 0) -> np.ndarray:

@@ -11,7 +11,7 @@ import pytest
 
 from evidentia.records import Candidate
 from evidentia.retriever.query import build_query
-from evidentia.reranker.features import (DOCUMENT_FEATURE_NAMES, FEATURE_NAMES, PAGE_FEATURE_NAMES, ROW_FEATURE_NAMES,
+from evidentia.reranker.features import (DOCUMENT_FEATURE_NAMES, FEATURE_NAMES, FEATURE_SIGNS, PAGE_FEATURE_NAMES, ROW_FEATURE_NAMES,
                                          FeatureExtractor,
                                          TermStatistics, document_features, lexical_features, query_terms,
                                          stored_document_source, stored_vector_source, term_weight)
@@ -207,6 +207,43 @@ def test_fit_recovers_a_calibrated_model():
     assert m.weights[0] > 1.5 and all(abs(w) < 0.2 for w in m.weights[1:])
     again = FeatureModel.from_dict(m.to_dict())
     np.testing.assert_allclose(again.probabilities(x), probs)
+
+
+def test_fit_matches_scikit_learn_where_no_sign_binds():
+    from sklearn.linear_model import LogisticRegression
+
+    x, y = _toy(2000, seed=3)
+    free = [j for j, n in enumerate(FEATURE_NAMES) if n not in FEATURE_SIGNS]
+    x[:, [FEATURE_NAMES.index(n) for n in FEATURE_SIGNS]] = 0.0  # constant: no constraint can bind
+    m = fit(x, y, regularisation=0.5)
+    z = (x - np.asarray(m.mean)) / np.asarray(m.scale)
+    ref = LogisticRegression(C=0.5, max_iter=5000, tol=1e-10).fit(z[:, free], y)
+    np.testing.assert_allclose(np.asarray(m.weights)[free], ref.coef_[0], atol=1e-3)
+    assert abs(m.bias - ref.intercept_[0]) < 1e-3
+
+
+def test_rank_weights_keep_their_sign_so_a_worse_rank_never_scores_higher():
+    # pages ranked far down their document all relevant, as when every relevant page
+    # is a training page but only the pool's pages are negatives: a free fit would
+    # learn that a worse rank means relevant
+    rng = np.random.default_rng(1)
+    n = 3000
+    x = rng.normal(size=(n, len(FEATURE_NAMES)))
+    rank = rng.integers(0, 200, size=n)
+    x[:, FEATURE_NAMES.index("doc_rank_cos")] = np.log1p(rank)
+    x[:, FEATURE_NAMES.index("doc_rank_bm25")] = np.log1p(rank)
+    x[:, FEATURE_NAMES.index("doc_rank_cos_question")] = np.log1p(rank)
+    x[:, FEATURE_NAMES.index("doc_rrf")] = 60 * 2 / (60 + rank)
+    y = ((rank > 100) | (rng.random(n) < 1 / (1 + np.exp(-x[:, 0] + 2)))).astype(float)
+    from sklearn.linear_model import LogisticRegression
+
+    z = (x - x.mean(axis=0)) / x.std(axis=0)
+    unconstrained = LogisticRegression(C=1.0, max_iter=5000).fit(z, y).coef_[0]
+    assert unconstrained[FEATURE_NAMES.index("doc_rrf")] < 0  # the data pull the wrong way
+    m = fit(x, y)
+    for name, sign in FEATURE_SIGNS.items():
+        assert m.weights[FEATURE_NAMES.index(name)] * sign >= 0, name
+    assert m.weights[0] > 0.1  # the other features are still learned
 
 
 def test_soft_labels_train_towards_their_probability():

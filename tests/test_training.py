@@ -138,7 +138,8 @@ def test_records_from_queries(backend, detector, make_pdf):
     query = EvalQuery(id="q1", doc_ids=("report",), question="What were the carbon emissions?",
                       answer="Emissions were reduced.", relevant=frozenset({("report", 1), ("report", 5),
                                                                               ("report", 6)}))
-    records = list(records_from_queries([query], Engine(Settings(), backend=backend), negatives_per_query=10))
+    engine = Engine(Settings(), backend=backend)
+    records = list(records_from_queries([query], engine, negatives_per_query=10, document_negatives=0))
     positives = [r for r in records if r.relevance == 1]
     negatives = [r for r in records if r.relevance == 0]
     # the relevant pages with text (page 5 is empty), with the indexed text
@@ -148,12 +149,19 @@ def test_records_from_queries(backend, detector, make_pdf):
     assert {(r.doc_id, r.page) for r in negatives} == {("report", 2), ("report", 3)}
     assert all(r.question == query.question and r.answer == query.answer and r.source == "queries"
                for r in records)
-    few = list(records_from_queries([query], Engine(Settings(), backend=backend), negatives_per_query=1))
+    few = list(records_from_queries([query], engine, negatives_per_query=1, document_negatives=0))
     few_negatives = [r for r in few if r.relevance == 0]
     assert len(few_negatives) == 1 and few_negatives[0] == negatives[0]
     assert [r for r in few if r.relevance == 1] == positives
-    none = list(records_from_queries([query], Engine(Settings(), backend=backend), negatives_per_query=0))
+    none = list(records_from_queries([query], engine, negatives_per_query=0, document_negatives=0))
     assert all(r.relevance == 1 for r in none)
+    # pages from the rest of the document: neither relevant nor in the pool (pages 2 and 3,
+    # even where only one of them is taken as a negative), with text: page 4 alone
+    more = list(records_from_queries([query], engine, negatives_per_query=1, document_negatives=5))
+    far = [r for r in more if r.source == "document"]
+    assert [(r.doc_id, r.page, r.relevance) for r in far] == [("report", 4, 0)]
+    assert far[0].page_text == backend.get_page("report", 4).text
+    assert [r for r in more if r.source != "document"] == few
 
 
 # --- dedupe, files, splits -------------------------------------------------------------------------
@@ -482,3 +490,22 @@ def test_cli_dataset_indexes_missing_documents_with_page_vectors(tmp_path, make_
                                       "--json"])
     assert hybrid.exit_code == 0, hybrid.output
     assert json.loads(hybrid.stdout)["pages"][0]["page"] == 1
+
+
+def test_cli_dataset_document_negatives(tmp_path, make_pdf):
+    pdfs = make_pdf("water-2022.pdf", ["Total water withdrawal was 4.2 million cubic metres in 2022.",
+                                       "Water recycling rose in 2022.", "The cafeteria menu changes every week.",
+                                       "The summer party had live music."]).parent
+    queries = tmp_path / "queries.jsonl"
+    queries.write_text(json.dumps({"id": "q1", "doc_id": "water-2022", "question": "How much water was withdrawn?",
+                                   "answer": "4.2 million m3", "relevant_pages": [1]}) + "\n")
+    out = tmp_path / "records.jsonl"
+    args = ["dataset", "--out", str(out), "--queries", str(queries), "--pdf-dir", str(pdfs), "--negatives", "1"]
+    bad = CliRunner().invoke(app, args + ["--document-negatives", "-1"])
+    assert bad.exit_code != 0 and "--document-negatives must be 0 or more" in bad.output
+    made = CliRunner().invoke(app, args + ["--document-negatives", "5"])
+    assert made.exit_code == 0, made.output
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    # page 1 relevant, one pool negative (a water page), the pages the pool missed from the document
+    assert sorted(r["page"] for r in records if r["source"] == "document") == [3, 4]
+    assert [r["page"] for r in records if r["relevance"] == 1] == [1]

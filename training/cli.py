@@ -9,6 +9,8 @@ from typing import List, Optional
 
 import typer
 
+from evidentia.training.dataset import DEFAULT_DOCUMENT_NEGATIVES
+
 
 def _missing_message(flag: str):
     return lambda missing: f"documents not indexed: {', '.join(missing[:10])}; pass {flag}"
@@ -23,6 +25,10 @@ def dataset_command(
     negatives: int = typer.Option(8, "--negatives", help="Hard negatives per query (from the --stage pool)."),
     stage: str = typer.Option("bm25", "--stage", help="First stage whose pool gives the negatives: bm25, dense "
                               "or hybrid (the stage the reranker will sit behind)."),
+    document_negatives: int = typer.Option(DEFAULT_DOCUMENT_NEGATIVES, "--document-negatives",
+                                           help="Random pages from the rest of each query's documents, also negatives "
+                                                "(the model then sees pages at every rank of a document, as relevant "
+                                                "pages the pool missed are)."),
     holdout_fraction: float = typer.Option(0.0, "--holdout-fraction",
                                            help="Share of groups (see --split-by) whose queries are held out."),
     split_by: str = typer.Option("company", "--split-by",
@@ -68,8 +74,11 @@ def dataset_command(
         ctx.require_documents(all_doc_ids(qs), [pdf_dir] if pdf_dir else [], _missing_message("--pdf-dir"))
         if stage not in STAGES:
             raise fail(f"--stage must be one of {', '.join(STAGES)}")
+        if document_negatives < 0:
+            raise fail("--document-negatives must be 0 or more")
         records.extend(records_from_queries(qs, ctx.engine, negatives_per_query=negatives,
-                                            pool_size=ctx.settings.pool_size, stage=stage))
+                                            pool_size=ctx.settings.pool_size, stage=stage,
+                                            document_negatives=document_negatives, seed=seed))
     if climretrieve is not None:
         try:
             records.extend(records_from_climretrieve(climretrieve / "passages.jsonl", seed=seed))

@@ -5,7 +5,8 @@ optionally with ``"soft_label"``: the probability (0..1) that the page is releva
 training uses as the target instead of ``relevance`` (distilled labels, training/distill.py).
 Sources:
 - labelled queries (the evaluation format): relevant pages are positives, BM25
-  candidates of the same document that are not relevant are hard negatives;
+  candidates of the same document that are not relevant are hard negatives, and
+  random other pages of the document are negatives too (``document_negatives``);
 - ClimRetrieve passages (``passages.jsonl``): the expert-marked passage (with its
   surrounding context, which reads like a page) is a positive; passages marked
   for *other* questions of the same report are negatives, unless they were also
@@ -49,25 +50,58 @@ class DatasetError(ValueError):
     """A training file that cannot be used; says which line and why."""
 
 
+# Random pages from the rest of each query's documents, besides the pool's negatives.
+# Positives are every relevant page, including those the pool missed, far down their
+# document; with negatives from the pool alone, every far-ranked training page was
+# relevant and the model learned that ranking badly in the document means relevant
+# (the model shipped before them gave a page ranked 100th by both the cosine and
+# BM25 three logits more than one ranked 4th).
+DEFAULT_DOCUMENT_NEGATIVES = 20
+
+
 def records_from_queries(queries: Iterable, engine: "Engine", negatives_per_query: int = 8,
-                         pool_size: int = 20, stage: str = "bm25") -> Iterator[TrainingRecord]:
+                         pool_size: int = 20, stage: str = "bm25",
+                         document_negatives: int = DEFAULT_DOCUMENT_NEGATIVES, seed: int = 0) -> Iterator[TrainingRecord]:
     """``queries``: evaluation.queries.EvalQuery objects (id, doc_ids, question, answer, relevant);
     negatives are the ``stage`` pool's pages that are not relevant (hybrid: the pages a
-    reranker behind the hybrid stage sees, including those found by meaning alone)."""
+    reranker behind the hybrid stage sees, including those found by meaning alone),
+    then ``document_negatives`` pages drawn from the rest of the query's documents
+    (seeded by the query id: the same records every run)."""
     backend = engine.backend
     for q in queries:
+        seen = set(q.relevant)
         for doc_id, page in sorted(q.relevant):
             p = backend.get_page(doc_id, page)
             if p is not None and p.text:
                 yield TrainingRecord(q.question, q.answer, p.text, 1, doc_id, page, "queries")
         taken = 0
         for c in engine.retrieve(engine.query(q.question, q.answer), q.doc_ids, stage, pool_size):
+            seen.add((c.doc_id, c.page))
             if taken >= negatives_per_query:
-                break
+                continue  # still seen: a document negative is a page the pool did not hold
             if (c.doc_id, c.page) in q.relevant or not c.text:
                 continue
             yield TrainingRecord(q.question, q.answer, c.text, 0, c.doc_id, c.page, "queries")
             taken += 1
+        if document_negatives > 0:
+            yield from _document_negatives(q, backend, seen, document_negatives, seed)
+
+
+def _document_negatives(query, backend, seen: set, count: int, seed: int) -> Iterator[TrainingRecord]:
+    candidates = []
+    for doc_id in sorted(query.doc_ids):
+        info = backend.get_document(doc_id)
+        if info is not None:
+            candidates.extend((doc_id, n) for n in range(1, info.pages + 1) if (doc_id, n) not in seen)
+    rng = random.Random(f"{seed}:{query.id}")
+    yielded = 0
+    for doc_id, page in rng.sample(candidates, len(candidates)):
+        if yielded >= count:
+            break
+        p = backend.get_page(doc_id, page)
+        if p is not None and p.text and p.text.strip():
+            yield TrainingRecord(query.question, query.answer, p.text, 0, doc_id, page, "document")
+            yielded += 1
 
 
 def records_from_climretrieve(passages_file: Path, negatives_per_positive: int = 2,
@@ -119,7 +153,7 @@ def records_from_climretrieve(passages_file: Path, negatives_per_positive: int =
 
 
 def dedupe(records: Iterable[TrainingRecord]) -> list[TrainingRecord]:
-    """One record per (question, answer, page text); a positive wins over a negative."""
+    """One record per (question, answer, page text); a positive wins over a negative, else the first."""
     best: dict[tuple, TrainingRecord] = {}
     for r in records:
         key = (r.question, r.answer, r.page_text)

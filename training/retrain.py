@@ -8,7 +8,8 @@ One round:
    the same in every round and a held-out document never reaches training, not
    even through the base training data;
 3. training set = base records (held-out documents removed) + the training
-   queries' verdicts + BM25 hard negatives for each of them; duplicates removed;
+   queries' verdicts + BM25 hard negatives and random other pages of their
+   documents (dataset.DEFAULT_DOCUMENT_NEGATIVES) for each of them; duplicates removed;
 4. a candidate is trained, its calibration refitted on the training queries'
    BM25 pools (margin and place in the pool), and registered; candidate and production model are
    evaluated on the held-out queries with the evaluation metrics (P@3 over the
@@ -99,14 +100,16 @@ def build_training_set(verdicts: Sequence[Verdict], base_records: Sequence[Train
     held = [q for q in queries if set(q.doc_ids) & held_docs]
     train_qs = [q for q in queries if not set(q.doc_ids) & held_docs]
     records: list[TrainingRecord] = [r for r in base_records if r.doc_id not in held_docs]
-    records.extend(records_from_queries(train_qs, engine, negatives_per_query=negatives_per_query))
-    # explicit "not relevant" verdicts are the hardest negatives there are
+    # explicit "not relevant" verdicts are the hardest negatives there are; they come
+    # before the queries' records, so that dedupe keeps them (the first of equals wins)
+    # over the same page drawn as a pool or document negative
     for (question, answer, doc_id, page), relevant in resolved.items():
         if relevant or doc_id in held_docs:
             continue
         p = engine.backend.get_page(doc_id, page)
         if p is not None and p.text:
             records.append(TrainingRecord(question, answer, p.text, 0, doc_id, page, "feedback"))
+    records.extend(records_from_queries(train_qs, engine, negatives_per_query=negatives_per_query, seed=seed))
     return SplitData(dedupe(records), train_qs, held, held_docs)
 
 
