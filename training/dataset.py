@@ -52,10 +52,10 @@ class DatasetError(ValueError):
 
 # Random pages from the rest of each query's documents, besides the pool's negatives.
 # Positives are every relevant page, including those the pool missed, far down their
-# document; with negatives from the pool alone, every far-ranked training page was
-# relevant and the model learned that ranking badly in the document means relevant
-# (the model shipped before them gave a page ranked 100th by both the cosine and
-# BM25 three logits more than one ranked 4th).
+# document; with negatives from the pool alone, the few far-ranked training pages
+# were relevant twice as often as the rest, and the model learned that ranking badly
+# in the document means relevant (the model shipped before them gave a page ranked
+# 100th by both the cosine and BM25 three logits more than one ranked 4th).
 DEFAULT_DOCUMENT_NEGATIVES = 20
 
 
