@@ -133,6 +133,24 @@ def test_training_never_shows_a_record_its_own_document_in_memory(embedder, tmp_
     tf.train_features(records, tmp_path, data_sha256="0" * 64, log=lambda _m: None, embedder=embedder)
     known = seen["x"][:, FEATURE_NAMES.index("memory_known")]
     assert known[-1] == 0.0  # asked in doc0 only: doc0's records never see it
-    assert known[:12].min() == 1.0  # asked in every document: the other folds remember it
+    # asked in every document: the other folds remember it, except for the (question,
+    # document) pairs trained as if the question were new
+    dropped = tf._memory_dropped(records, tf.MEMORY_DROPOUT, 0)[:12]
+    assert 0 < dropped.sum() < 12
+    assert known[:12][~dropped].min() == 1.0 and known[:12][dropped].max() == 0.0
     memory = QuestionMemory.load(tmp_path)
     assert memory is not None and memory.size == 2
+
+
+def test_memory_dropout_is_seeded_and_keeps_a_question_with_its_document():
+    from evidentia.training import train_features as tf
+    from evidentia.training.dataset import TrainingRecord
+
+    records = [TrainingRecord(f"question {q}", answer, "page", 0, f"doc{d}", 1)
+               for q in range(20) for d in range(20) for answer in ("", "an answer")]
+    dropped = tf._memory_dropped(records, 0.5, seed=0)
+    assert 0.4 < dropped.mean() < 0.6
+    assert (dropped == tf._memory_dropped(records, 0.5, seed=0)).all()  # the same rows every run
+    assert (dropped[0::2] == dropped[1::2]).all()  # with and without the answer together
+    assert not (dropped == tf._memory_dropped(records, 0.5, seed=1)).all()
+    assert not tf._memory_dropped(records, 0.0, seed=0).any() and tf._memory_dropped(records, 1.0, seed=0).all()

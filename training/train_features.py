@@ -7,7 +7,8 @@ training records (`evidentia dataset`): the CPU default of the classifier rerank
    computed with the untrained all-MiniLM-L6-v2 bi-encoder;
    the pages judged for each question are remembered with the model
    (``reranker/question_memory.py``); a record's memory features come from the
-   memory of the other documents' folds;
+   memory of the other documents' folds, and half of the (question, document)
+   pairs are trained as if the question were new (``MEMORY_DROPOUT``);
 3. a logistic regression is fitted on all records (soft labels where a record
    has one); every record with an answer is also trained without it (question-
    only queries), so the model is calibrated for both;
@@ -21,6 +22,7 @@ Seconds of CPU apart from the bi-encoder (pages are embedded once, then cached).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections import defaultdict
@@ -33,7 +35,7 @@ import numpy as np
 
 from evidentia.reranker.classifier_model import ModelMetadata
 from evidentia.reranker.features import FEATURE_NAMES, FeatureExtractor, TermStatistics
-from evidentia.reranker.question_memory import QuestionMemory
+from evidentia.reranker.question_memory import MEMORY_FEATURE_NAMES, QuestionMemory
 from evidentia.reranker.relevance_model import (KIND, FeatureModelError, choose_threshold, fit, fold_of_groups,
                                                 out_of_fold)
 from evidentia.training.dataset import TrainingRecord
@@ -44,6 +46,12 @@ DEFAULT_EMBEDDER = "all-MiniLM-L6-v2"
 # better than 1.0 in both; docs/BENCHMARKS.md section 8b).
 DEFAULT_REGULARISATION = 0.1
 MEMORY_FOLDS = 5  # folds by document for the records' own memory features
+# Share of (question, document) pairs trained as if the question were new (memory
+# features 0, 0, 0). Without it every new question in training was a filing's, so a new
+# question in a sustainability report got a filing's probabilities: cross-validated
+# on the training reports with the memory off, ECE 0.176 on their passages, 0.033 with
+# it (docs/BENCHMARKS.md, section 8e).
+MEMORY_DROPOUT = 0.5
 
 
 def embedding_windows() -> dict:
@@ -137,6 +145,8 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
                                       document_source=documents)
     else:
         x[:] = record_features(records, extractor, vector_source=vectors, document_source=documents)
+    # a new question in any domain, not only in the filings' (whose questions rarely repeat)
+    x[np.ix_(_memory_dropped(records, MEMORY_DROPOUT, seed), _MEMORY_COLUMNS)] = 0.0
     memory = QuestionMemory.build([e for e, _g in entries])
     labels = [r.soft_label if r.soft_label is not None else float(r.relevance) for r in records]
     hard = np.asarray([r.relevance for r in records])
@@ -177,6 +187,20 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
     metadata.write(out_dir)
     log(f"trained in {time.perf_counter() - t0:.1f} s: " + json.dumps(metrics))
     return metadata
+
+
+_MEMORY_COLUMNS = [FEATURE_NAMES.index(n) for n in MEMORY_FEATURE_NAMES]
+
+
+def _memory_dropped(records: Sequence[TrainingRecord], share: float, seed: int) -> np.ndarray:
+    """Rows whose (question, document) falls in the ``share`` trained without memory:
+    a seeded hash, so the same rows every run, and a question's records with and
+    without their answer go together."""
+    def bucket(r: TrainingRecord) -> float:
+        digest = hashlib.sha256(f"{seed}:{r.question}:{r.doc_id}".encode("utf-8")).digest()
+        return int.from_bytes(digest[:8], "big") / 2.0 ** 64
+
+    return np.asarray([bucket(r) < share for r in records], dtype=bool)
 
 
 def _oof_metrics(probs: np.ndarray, labels: np.ndarray) -> dict:
