@@ -29,12 +29,20 @@ class LocalModelUnavailable(RuntimeError):
     """No llama-server binary or no GGUF model here (say which and how to get it)."""
 
 
+def _explicit_file(variable: str) -> Path | None:
+    """The file an environment variable names; None when it is unset."""
+    explicit = os.environ.get(variable)
+    if not explicit:
+        return None
+    if not Path(explicit).is_file():
+        raise LocalModelUnavailable(f"{variable}={explicit} is not a file")
+    return Path(explicit)
+
+
 def find_llama_server() -> Path:
-    explicit = os.environ.get("EVIDENTIA_LLAMA_SERVER")
+    explicit = _explicit_file("EVIDENTIA_LLAMA_SERVER")
     if explicit:
-        if not Path(explicit).is_file():
-            raise LocalModelUnavailable(f"EVIDENTIA_LLAMA_SERVER={explicit} is not a file")
-        return Path(explicit)
+        return explicit
     on_path = shutil.which("llama-server")
     if on_path:
         return Path(on_path)
@@ -48,11 +56,9 @@ def find_llama_server() -> Path:
 
 
 def find_small_model() -> Path:
-    explicit = os.environ.get("EVIDENTIA_LLAMA_MODEL")
+    explicit = _explicit_file("EVIDENTIA_LLAMA_MODEL")
     if explicit:
-        if not Path(explicit).is_file():
-            raise LocalModelUnavailable(f"EVIDENTIA_LLAMA_MODEL={explicit} is not a file")
-        return Path(explicit)
+        return explicit
     try:
         import importlib.util
 
