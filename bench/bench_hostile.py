@@ -14,15 +14,19 @@ sharing a 1 GB stream, 2000 pages sharing a 5 MB stream, a page of 150,000
 characters, a 20000x20000 image, random bytes after a header, a header-only
 file, an HTML polyglot, a real 10-K cut in half), waits for each outcome, then
 uploads two pages just under the default content cap at once (the worst case
-for memory under the defaults), and asks for the image of its huge-image page
-12 times at once.
+for memory under the defaults), asks for the image of its huge-image page
+12 times at once, and sends three bodies just under the upload limit
+(EVIDENTIA_MAX_UPLOAD_BYTES) whose multipart parsing runs on the server's event
+loop: random bytes, all CR LF, all CR LF "--" (the parser's boundary search
+stops at every one), with the worst /health latency during each.
 
 Prints the outcome and reason of each file, its time to the outcome, the
 server's peak memory (children included), the worst /health and validate
 latencies and the victim's errors. ``--no-content-caps`` lifts the
-content-size caps so that the memory and time limits do the work.
+content-size caps so that the memory and time limits do the work; ``--parts
+multipart`` runs only the near-limit bodies.
 
-Usage: python bench/bench_hostile.py [--no-content-caps] [--json]
+Usage: python bench/bench_hostile.py [--no-content-caps] [--parts files,multipart] [--json]
 """
 
 from __future__ import annotations
@@ -84,6 +88,7 @@ class Monitor:
         self.stop = threading.Event()
         self.health: list[float] = []
         self.health_worst: tuple[float, str] = (0.0, "")  # latency, what was going on
+        self.health_phase_max: dict[str, float] = {}
         self.phase = "start"
         self.health_errors = 0
         self.validate: list[float] = []
@@ -115,6 +120,8 @@ class Monitor:
                 self.health.append(time.perf_counter() - t0)
                 if self.health[-1] > self.health_worst[0]:
                     self.health_worst = (self.health[-1], self.phase)
+                phase = self.phase
+                self.health_phase_max[phase] = max(self.health_phase_max.get(phase, 0.0), self.health[-1])
                 self.health_errors += not ok
 
     def _validate(self) -> None:
@@ -175,7 +182,32 @@ def wait_outcome(c: httpx.Client, url: str, document_id: str, limit_s: float) ->
     return {"status": "timeout", "reason": f"no outcome after {limit_s:g} s"}
 
 
-def run(no_content_caps: bool) -> dict:
+def near_limit_bodies(limit_bytes: int) -> dict[str, bytes]:
+    """Bodies a little under the upload limit (room for the multipart framing) that
+    make the multipart parser work hardest per byte."""
+    size = limit_bytes - 64 * 1024
+    header = b"%PDF-1.7\n"
+    return {"random bytes": header + os.urandom(size - len(header)),
+            "CR LF only": header + b"\r\n" * ((size - len(header)) // 2),
+            "CR LF -- only": header + b"\r\n--" * ((size - len(header)) // 4)}
+
+
+def upload_near_limit(mon: "Monitor", attacker: httpx.Client, url: str, report: dict) -> None:
+    limit = int(os.environ.get("EVIDENTIA_MAX_UPLOAD_BYTES", 50 * 1024 * 1024))
+    report["multipart"] = {}
+    for name, body in near_limit_bodies(limit).items():
+        mon.phase = f"multipart {name}"
+        t0 = time.perf_counter()
+        r = attacker.post(url + "/v1/documents", data={"document_id": "near-limit-" + name.replace(" ", "-")},
+                          files={"file": ("near-limit.pdf", body, "application/pdf")})
+        seconds = time.perf_counter() - t0
+        time.sleep(0.5)  # the poller's next few requests, after the body is in
+        report["multipart"][name] = {"bytes": len(body), "status": r.status_code, "upload_s": round(seconds, 2),
+                                     "health_max_s": round(mon.health_phase_max.get(mon.phase, 0.0), 3)}
+        print(f"multipart {name}: {r.status_code} in {seconds:.1f} s", file=sys.stderr)
+
+
+def run(no_content_caps: bool, parts: set[str]) -> dict:
     work = Path(tempfile.mkdtemp(prefix="bench-hostile-"))
     env = {k: v for k, v in os.environ.items()}
     env.update(EVIDENTIA_DATA_DIR=str(work / "data"), EVIDENTIA_ADMIN_KEY=ADMIN,
@@ -218,7 +250,9 @@ def run(no_content_caps: bool) -> dict:
         with Monitor(url, server, keys["victim"]) as mon:
             mon.phase = "baseline"  # 10 s without an attack: the machine's own latency (it is shared)
             time.sleep(10)
-            for name, path in files.items():
+            if "multipart" in parts:
+                upload_near_limit(mon, attacker, url, report)
+            for name, path in (files.items() if "files" in parts else ()):
                 mon.phase = name
                 t0 = time.perf_counter()
                 r = attacker.post(url + "/v1/documents", data={"document_id": name},
@@ -235,7 +269,8 @@ def run(no_content_caps: bool) -> dict:
             # the worst a file under the default caps can do: a page just under
             # EVIDENTIA_MAX_PAGE_CONTENT_MB of text operators, two at once (both index workers)
             mon.phase = "near_cap_pages_at_once"
-            near = [H.content_bomb(work / "files" / f"near_cap_{i}.pdf", inflated_mb=7.9) for i in (1, 2)]
+            near = ([H.content_bomb(work / "files" / f"near_cap_{i}.pdf", inflated_mb=7.9) for i in (1, 2)]
+                    if "files" in parts else [])
             t0 = time.perf_counter()
             for i, path in enumerate(near, 1):
                 attacker.post(url + "/v1/documents", data={"document_id": f"near_cap_{i}"},
@@ -245,8 +280,8 @@ def run(no_content_caps: bool) -> dict:
                 report["files"][f"near_cap_8mb_page_{i}_at_once"] = {
                     "bytes": path.stat().st_size, "status": outcome["status"], "reason": outcome.get("reason"),
                     "seconds": round(time.perf_counter() - t0, 2)}
-            image = files["huge_image_20000px"]
-            if report["files"]["huge_image_20000px"]["status"] == "ready":
+            if report["files"].get("huge_image_20000px", {}).get("status") == "ready":
+                image = files["huge_image_20000px"]
                 statuses: list[int] = []
                 lock = threading.Lock()
 
@@ -294,15 +329,24 @@ def main() -> None:
     parser.add_argument("--no-content-caps", action="store_true",
                         help="lift EVIDENTIA_MAX_*_CONTENT_MB: the memory and time limits do the work")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--parts", default="files,multipart",
+                        help="comma-separated: files (the hostile PDFs), multipart (bodies near the upload limit)")
     args = parser.parse_args()
-    report = run(args.no_content_caps)
+    parts = set(args.parts.split(","))
+    if not parts <= {"files", "multipart"}:
+        parser.error("--parts takes files and/or multipart")
+    report = run(args.no_content_caps, parts)
     if args.json:
         print(json.dumps(report, indent=2))
         return
     print(f"machine: {report['machine']}; load before {report['load_before']}, after {report['load_after']}")
-    print(f"{'file':30} {'bytes':>9} {'outcome':>8} {'s':>7}  reason")
+    if report["files"]:
+        print(f"{'file':30} {'bytes':>9} {'outcome':>8} {'s':>7}  reason")
     for name, f in report["files"].items():
         print(f"{name:30} {f['bytes']:>9} {f['status']:>8} {f['seconds']:>7}  {f['reason']}")
+    for name, m in report.get("multipart", {}).items():
+        print(f"multipart body near the upload limit, {name}: {m['bytes']} bytes, HTTP {m['status']} in "
+              f"{m['upload_s']} s, /health max {m['health_max_s']} s meanwhile")
     if "page_images_12_at_once" in report:
         p = report["page_images_12_at_once"]
         print(f"12 page images of the huge-image page at once: statuses {p['statuses']} in {p['seconds']} s")

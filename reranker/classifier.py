@@ -29,9 +29,9 @@ from evidentia.reranker.classifier_model import (
     ModelMetadata,
     load_trained,
     score_margins,
-    set_torch_threads,
 )
 from evidentia.reranker.model_registry import resolve_model_dir
+from evidentia.runtime import set_torch_threads
 
 
 class ClassifierReranker(Reranker):
@@ -49,7 +49,6 @@ class ClassifierReranker(Reranker):
         self.threshold = threshold
         self.batch_size = batch_size
         self._backend = None
-        set_torch_threads(threads)
         metadata = ModelMetadata.read(self.model_dir)
         self.kind = metadata.extra.get("kind", "lora")
         if self.kind == "features":
@@ -78,6 +77,8 @@ class ClassifierReranker(Reranker):
             self.metadata = metadata
         else:
             self.model, self.tokenizer, self.metadata = load_trained(self.model_dir, device=device)
+            # after the load, which imports torch: the features kind never needs it (1.3 s of start-up)
+            set_torch_threads(threads or 0)
         trained = self.metadata.input_format
         # Windows may be made longer or shorter than in training (a larger GPU,
         # a faster CPU run); the default is what the model was trained with.

@@ -172,13 +172,6 @@ class ModelMetadata:
         tmp.replace(path)
 
 
-def set_torch_threads(threads: int | None) -> None:
-    if threads:
-        import torch
-
-        torch.set_num_threads(threads)
-
-
 def cuda_available() -> bool:
     import torch
 

@@ -12,7 +12,11 @@ for the matched questions, and that minus its best cosine with the pages judged 
 relevant. A new question gets 0, 0, 0 and the other features decide.
 
 The memory is fixed once the model is trained (it is a file of the model), so a page
-still gets the same probability whatever pool it comes in.
+still gets the same probability whatever pool it comes in. It keeps at most
+``MAX_WINDOWS_PER_LABEL`` window vectors per question and verdict (the first in
+training order, where the analysts' verdicts come first): months of feedback on a
+popular question would otherwise grow the file and every match of it without
+bound, while a few hundred pages already say what its evidence looks like.
 """
 
 from __future__ import annotations
@@ -33,6 +37,9 @@ FILE_NAME = "question-memory.npz"
 # Cosine of two questions' vectors above which they count as the same question:
 # 0.8 and 0.95 gave the same cross-validated ranking (docs/BENCHMARKS.md, section 8c).
 DEFAULT_SIMILARITY = 0.8
+# 256 windows (about 128 pages) per question and verdict: 200 KB of float16 each;
+# the shipped model's busiest question has 133 (docs/BENCHMARKS.md, section 8f).
+MAX_WINDOWS_PER_LABEL = 256
 
 
 @dataclass(frozen=True)
@@ -69,9 +76,13 @@ class QuestionMemory:
 
     @classmethod
     def build(cls, entries: Sequence[tuple[np.ndarray, np.ndarray, bool, str]],
-              similarity: float = DEFAULT_SIMILARITY) -> "QuestionMemory":
-        """``entries``: (question vector, the page's window vectors, relevant, question text)."""
+              similarity: float = DEFAULT_SIMILARITY,
+              max_windows_per_label: int = MAX_WINDOWS_PER_LABEL) -> "QuestionMemory":
+        """``entries``: (question vector, the page's window vectors, relevant, question text),
+        in order of preference: past ``max_windows_per_label`` windows of one question
+        and verdict, the later pages are left out."""
         index: dict[str, int] = {}
+        kept: dict[tuple[int, bool], int] = {}
         questions, vectors, owner, labels = [], [], [], []
         for question_vec, windows, relevant, question in entries:
             text = normalised_question(question)
@@ -80,7 +91,13 @@ class QuestionMemory:
                 questions.append(np.asarray(question_vec, dtype=np.float32))
             if windows is None or windows.size == 0:
                 continue
-            vectors.append(np.asarray(windows, dtype=np.float32))
+            key = (index[text], bool(relevant))
+            room = max_windows_per_label - kept.get(key, 0)
+            if room <= 0:
+                continue
+            windows = np.asarray(windows, dtype=np.float32)[:room]
+            kept[key] = kept.get(key, 0) + len(windows)
+            vectors.append(windows)
             owner += [index[text]] * len(windows)
             labels += [bool(relevant)] * len(windows)
         dim = len(questions[0]) if questions else 0

@@ -56,6 +56,18 @@ def test_shipped_model_loads_and_puts_the_evidence_first():
     assert reranker.kind == "features" and reranker.default_threshold is not None
 
 
+def test_scoring_with_the_shipped_model_never_imports_torch():
+    """torch costs 1.3 s of a fresh `search --reranker classifier`; the features model
+    runs on the ONNX bi-encoder and numpy (torch only exports the ONNX file once)."""
+    ClassifierReranker(threads=1).rerank(build_query("water use", ""), [Candidate("d", 1, 1.0, "Water use.")])
+    code = ("import sys; from evidentia.records import Candidate; from evidentia.retriever.query import build_query; "
+            "from evidentia.reranker.classifier import ClassifierReranker; "
+            "r = ClassifierReranker(threads=1).rerank(build_query('water use', ''), [Candidate('d', 1, 1.0, 'Water.')]); "
+            "assert len(r.pages) == 1; assert 'torch' not in sys.modules, 'torch was imported'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 def test_classifier_search_in_a_real_process_prints_no_library_noise(multilingual_pdf, tmp_path):
     """No "Loading weights" bar, FutureWarning or tokenizer length warning in normal
     output (an answer at the length limit); `-v` shows what the libraries say."""

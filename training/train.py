@@ -39,8 +39,8 @@ from evidentia.reranker.classifier_model import (
     model_device,
     quantization_config,
     score_margins,
-    set_torch_threads,
 )
+from evidentia.runtime import set_torch_threads
 from evidentia.text import keywords
 from evidentia.training.dataset import TrainingRecord, split_groups
 
@@ -147,7 +147,7 @@ def train(records: Sequence[TrainingRecord], base_model: str, out_dir: Path, par
         raise TrainingError("no training records")
     random.seed(params.seed)
     torch.manual_seed(params.seed)
-    set_torch_threads(params.threads)
+    set_torch_threads(params.threads or 0)
     held_out_docs = split_groups([r.doc_id for r in records], params.eval_fraction, params.seed)
     train_set = [r for r in records if r.doc_id not in held_out_docs]
     eval_set = [r for r in records if r.doc_id in held_out_docs]
