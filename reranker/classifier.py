@@ -136,8 +136,8 @@ class ClassifierReranker(Reranker):
 
             vectors = stored_vector_source(self._backend, self.extractor.embedder.name)
             # The document features score the document's other pages from their stored
-            # vectors; a backend that cannot return them (Elasticsearch keeps them out
-            # of _source) would be read page by page for nothing: its pages stand alone.
+            # vectors (both backends keep them); a backend that cannot return them would
+            # be read for nothing: its pages stand alone.
             if hasattr(self._backend, "page_vectors"):
                 documents = stored_document_source(self._backend)
         return self.extractor.features(question, answer, pages, vector_source=vectors, document_source=documents)

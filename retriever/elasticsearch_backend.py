@@ -36,6 +36,7 @@ optimistic concurrency control on the record).
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import time
@@ -57,7 +58,7 @@ from elasticsearch import (
 
 import numpy as np
 
-from evidentia.records import Candidate, Document, DocumentInfo, Page
+from evidentia.records import Candidate, Document, DocumentInfo, Page, PageVectors
 from evidentia.retriever.base import (BackendError, MissingVectorsError, SearchBackend, UnknownDocumentError,
                                       VectorModelError)
 from evidentia.retriever.snippet import make_snippet
@@ -69,8 +70,13 @@ NEUTRAL_FIELD = "body"
 MAPPING_RESOURCE = "pages.json"
 # Must equal mappings._meta.evidentia_schema_version in es_mappings/pages.json;
 # an index of another version is refused instead of being silently misread.
-SCHEMA_VERSION = 3  # 3: pages store how their text was obtained (text_source, ocr_confidence)
+# 3: pages store how their text was obtained (text_source, ocr_confidence);
+# 4: pages keep their window vectors readable (window_vectors), for the classifier
+SCHEMA_VERSION = 4
 _PAGE_SOURCE = ["doc_id", "page", "text", "language"]
+# A page's every stored field but its vectors (read only by ``page_vectors``).
+_PAGE_FIELDS = ["doc_id", "page", "char_count", "raw_text", "text", "text_source", "ocr_confidence", "language"]
+VECTORS_FIELD = "window_vectors"
 VECTOR_FIELD = "windows.vector"
 # kNN candidates per shard: HNSW explores this many before keeping the best top_k
 # (capped by Elasticsearch at 10000); with the filter to a few documents Lucene
@@ -120,19 +126,27 @@ def document_meta(document: Document) -> dict:
     return meta
 
 
-def page_windows(document: Document) -> dict[int, list[list[float]]]:
-    """page number -> its window vectors as JSON-ready lists (none without vectors)."""
+def page_windows(document: Document) -> dict[int, np.ndarray]:
+    """page number -> its window vectors, (windows, dim) (none without vectors)."""
     v = document.vectors
     if v is None or v.rows == 0:
         return {}
-    rows = np.asarray(v.vectors, dtype=np.float64).round(7).tolist()
-    out: dict[int, list[list[float]]] = {}
-    for page_no, row in zip(np.asarray(v.pages).tolist(), rows):
-        out.setdefault(int(page_no), []).append(row)
-    return out
+    pages = np.asarray(v.pages)
+    vectors = np.asarray(v.vectors)
+    return {int(n): vectors[pages == n] for n in np.unique(pages)}
 
 
-def page_source(page: Page, generation: str, windows: list[list[float]] | None = None) -> dict:
+def encode_windows(windows: np.ndarray) -> str:
+    """Window vectors as stored in ``window_vectors``: float16 bytes (what the
+    embedded index stores too, so both give the classifier the same numbers), base64."""
+    return base64.b64encode(np.ascontiguousarray(windows, dtype="<f2").tobytes()).decode("ascii")
+
+
+def decode_windows(encoded: str, dim: int) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(encoded), dtype="<f2").reshape(-1, dim)
+
+
+def page_source(page: Page, generation: str, windows: np.ndarray | None = None) -> dict:
     src: dict = {
         "kind": "page",
         "doc_id": page.doc_id,
@@ -152,8 +166,10 @@ def page_source(page: Page, generation: str, windows: list[list[float]] | None =
         src[NEUTRAL_FIELD] = normalised
         if page.language in LANGUAGES:
             src[lang_field(page.language)] = normalised
-    if windows:
-        src["windows"] = [{"vector": w} for w in windows]
+    if windows is not None and len(windows):
+        # the kNN field (indexed, kept out of _source) and a compact readable copy
+        src["windows"] = [{"vector": w} for w in np.asarray(windows, dtype=np.float64).round(7).tolist()]
+        src[VECTORS_FIELD] = encode_windows(windows)
     return src
 
 
@@ -558,7 +574,7 @@ class ElasticsearchBackend(SearchBackend):
             if generation is None:
                 return None
             resp = self._client.search(
-                index=self.index, size=1, track_total_hits=False,
+                index=self.index, size=1, track_total_hits=False, source=_PAGE_FIELDS,
                 query={"bool": {"filter": [
                     {"term": {"kind": "page"}},
                     {"term": {"doc_id": doc_id}},
@@ -568,6 +584,51 @@ class ElasticsearchBackend(SearchBackend):
             )
         hits = resp["hits"]["hits"]
         return page_from_source(hits[0]["_source"]) if hits else None
+
+    def _live_pages(self, doc_id: str, generation: str, fields: Sequence[str]) -> list[dict]:
+        """The ``fields`` of every page of one generation of a document, in page
+        order: one scroll instead of a request per page."""
+        hits = helpers.scan(self._client, index=self.index, size=1000, query={
+            "query": {"bool": {"filter": [
+                {"term": {"kind": "page"}},
+                {"term": {"doc_id": doc_id}},
+                {"term": {"generation": generation}},
+            ]}},
+            "_source": list(fields),
+        })
+        return sorted((h["_source"] for h in hits), key=lambda src: src["page"])
+
+    def stored_document(self, doc_id: str) -> Document | None:
+        with self._errors(f"read document {doc_id!r}"):
+            record = self._client.options(ignore_status=404).get(
+                index=self.index, id=record_id(doc_id), source_includes=["doc_id", "meta", "generation"])
+            if not record.get("found"):
+                return None
+            info = info_from_record(doc_id, record["_source"])
+            sources = self._live_pages(doc_id, record["_source"]["generation"], _PAGE_FIELDS)
+        if [src["page"] for src in sources] != list(range(1, info.pages + 1)):
+            return None  # replaced or deleted meanwhile
+        return Document(doc_id=doc_id, pages=tuple(page_from_source(src) for src in sources), source=info.source)
+
+    def page_vectors(self, doc_id: str) -> PageVectors | None:
+        """The document's window vectors (float16, as stored), None without any;
+        documents indexed under schema 3 have none readable."""
+        with self._errors(f"read the vectors of {doc_id!r}"):
+            record = self._records([doc_id]).get(doc_id)
+            if record is None or not record["vectors"]:
+                return None
+            sources = self._live_pages(doc_id, record["generation"], ["page", VECTORS_FIELD])
+        dim = int(record["vectors"]["dim"])
+        pages, blocks = [], []
+        for src in sources:
+            if src.get(VECTORS_FIELD):
+                block = decode_windows(src[VECTORS_FIELD], dim)
+                pages += [src["page"]] * len(block)
+                blocks.append(block)
+        if len(pages) != record["vectors"].get("rows", len(pages)):
+            return None  # replaced meanwhile
+        vectors = np.vstack(blocks) if blocks else np.zeros((0, dim), dtype=np.float16)
+        return PageVectors(model=record["vectors"]["model"], pages=np.asarray(pages, dtype=np.int32), vectors=vectors)
 
     def search(self, keywords: Sequence[str], doc_ids: Sequence[str], top_k: int) -> list[Candidate]:
         doc_ids = list(dict.fromkeys(doc_ids))

@@ -466,7 +466,9 @@ def test_mapping_has_nested_window_vectors():
     assert props["windows"] == {"type": "nested", "properties": {
         "vector": {"type": "dense_vector", "index": True, "similarity": "cosine"}}}
     assert "windows" in mapping["mappings"]["_source"]["excludes"]
-    assert mapping["mappings"]["_meta"]["evidentia_schema_version"] == esb.SCHEMA_VERSION == 3
+    assert mapping["mappings"]["_meta"]["evidentia_schema_version"] == esb.SCHEMA_VERSION == 4
+    # a readable float16 copy: the classifier reads a document's vectors in one request
+    assert props["window_vectors"] == {"type": "binary"} and "window_vectors" not in mapping["mappings"]["_source"]["excludes"]
 
 
 def test_page_actions_carry_each_pages_windows():
@@ -477,6 +479,9 @@ def test_page_actions_carry_each_pages_windows():
     assert first["windows"] == [{"vector": [1.0, 0.0]}, {"vector": [0.0, 1.0]}]
     assert "windows" not in second
     assert third["windows"] == [{"vector": pytest.approx([0.6, 0.8])}]
+    np.testing.assert_array_equal(esb.decode_windows(first["window_vectors"], 2), np.array([[1, 0], [0, 1]], np.float16))
+    np.testing.assert_array_equal(esb.decode_windows(third["window_vectors"], 2), np.array([[0.6, 0.8]], np.float16))
+    assert "window_vectors" not in second
     props = esb.load_mapping()["mappings"]["properties"]
     assert set(first) <= set(props)
     assert esb.record_source(d, "g1")["meta"]["vectors"] == {"model": "m", "dim": 2, "rows": 3}

@@ -86,3 +86,41 @@ def test_classifier_search_in_a_real_process_prints_no_library_noise(multilingua
     # the shipped features model loads only the sentence-transformers bi-encoder, which
     # prints nothing even with -v; -v must still run the same search
     assert loud.returncode == 0 and loud.stdout == quiet.stdout
+
+
+def test_the_same_pages_get_the_same_probabilities_on_elasticsearch_as_on_the_embedded_index(tmp_path, monkeypatch):
+    """The probability is a property of (question, answer, page) whatever the backend:
+    both give the classifier the document's other pages and their stored vectors
+    (before, Elasticsearch gave neither and each page stood alone)."""
+    from elasticsearch import helpers as es_helpers
+
+    from evidentia.records import Document, Page
+    from evidentia.retriever import elasticsearch_backend as esb
+    from evidentia.retriever.tantivy_backend import TantivyBackend
+    from tests.test_backend_contract import FakeStoreClient
+
+    texts = ["Employees. The Company employed about 93,000 people at the end of the year.",
+             "Cash flows from investing activities. Purchases of property, plant and equipment (1,577).",
+             "Table of contents. Item 1. Business. Item 1A. Risk factors.",
+             "Capital expenditures totalled $1,577 million in 2018, mostly in the United States.",
+             "Research, development and related expenses were $1,821 million."]
+    pages = tuple(Page("capex", n, t, t, "en", len(t)) for n, t in enumerate(texts, start=1))
+    reranker = ClassifierReranker(threshold=None, threads=1)
+    document = Document("capex", pages, "capex.pdf", vectors=reranker.extractor.embedder.embed_pages(pages))
+    client = FakeStoreClient()
+    monkeypatch.setattr(es_helpers, "bulk", client.bulk)
+    monkeypatch.setattr(es_helpers, "scan", client.scan)
+    backends = {"embedded": TantivyBackend(tmp_path / "index"),
+                "elasticsearch": esb.ElasticsearchBackend("http://es:9200", index="idx", client=client)}
+    query = build_query("What is the FY2018 capital expenditure amount (in USD millions) for 3M?", "$1577.00")
+    pool = [Candidate("capex", n, 1.0, t) for n, t in ((2, texts[1]), (4, texts[3]), (1, texts[0]))]
+    scored = {}
+    for name, backend in backends.items():
+        backend.index_document(document)
+        reranker.attach_backend(backend)
+        scored[name] = {p.page: p.probability for p in reranker.rerank(query, pool).pages}
+    reranker.attach_backend(None)
+    alone = {p.page: p.probability for p in reranker.rerank(query, pool).pages}
+    assert scored["elasticsearch"] == pytest.approx(scored["embedded"], abs=1e-9)
+    assert alone != pytest.approx(scored["embedded"], abs=1e-3)  # the document's other pages count
+    backends["embedded"].close()
