@@ -33,6 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 # --- fixtures and builders -----------------------------------------------------
 from tests.utils.backends import backend  # noqa: E402,F401  (fixture)
+from tests.utils.fake_elasticsearch import FakeStoreClient  # noqa: E402
 
 
 def page(doc_id: str, n: int, text: str, language: str | None = "en", raw_text: str | None = None) -> Page:
@@ -518,41 +519,6 @@ def test_search_reads_live_generations_and_builds_candidates():
     request = client.calls[-1][1]
     assert {"terms": {"generation": ["g1", "g2"]}} in request["query"]["bool"]["filter"]
     assert backend.search([], ["a"], 5) == [] and backend.search(["solar"], ["a"], 0) == []
-
-
-class FakeStoreClient(FakeClient):
-    """Keeps what the backend writes (document records, pages from bulk) and
-    answers the reads of a whole document; enough of Elasticsearch for the
-    stored-document and stored-vector reads without a cluster."""
-
-    def __init__(self):
-        super().__init__()
-        self.records: dict[str, dict] = {}
-        self.pages: dict[str, dict] = {}
-        self.scans = 0
-
-    def get(self, index, id, source_includes=None, **_):
-        if id not in self.records:
-            return {"found": False}
-        return {"found": True, "_seq_no": 1, "_primary_term": 1, "_source": self.records[id]}
-
-    def mget(self, index, ids, **_):
-        return {"docs": [{"_id": i, "found": i in self.records, "_source": self.records.get(i, {})} for i in ids]}
-
-    def index(self, index, id, document, **kw):
-        self.records[id] = document
-
-    def bulk(self, client, actions, **kw):
-        for action in actions:
-            self.pages[action["_id"]] = action["_source"]
-        return 0, []
-
-    def scan(self, client, index, query, **kw):
-        self.scans += 1
-        wanted = {next(iter(f["term"])): next(iter(f["term"].values())) for f in query["query"]["bool"]["filter"]}
-        for source in self.pages.values():
-            if all(source.get(k) == v for k, v in wanted.items()):
-                yield {"_source": {k: source[k] for k in query["_source"] if k in source}}
 
 
 def test_elasticsearch_reads_a_whole_document_and_its_vectors_in_one_request_each(monkeypatch):

@@ -97,7 +97,7 @@ def test_the_same_pages_get_the_same_probabilities_on_elasticsearch_as_on_the_em
     from evidentia.records import Document, Page
     from evidentia.retriever import elasticsearch_backend as esb
     from evidentia.retriever.tantivy_backend import TantivyBackend
-    from tests.test_backend_contract import FakeStoreClient
+    from tests.utils.fake_elasticsearch import FakeStoreClient
 
     texts = ["Employees. The Company employed about 93,000 people at the end of the year.",
              "Cash flows from investing activities. Purchases of property, plant and equipment (1,577).",
