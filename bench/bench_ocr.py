@@ -29,8 +29,16 @@ gives the OCR a language prior) to report its word accuracy and speed.
 indexer/ocr.py uses) on the same render; ``--language-cost N`` OCRs N pages
 with English only, eng+fra+deu and the full multi-language set.
 
+The ``workers`` part (not run by default) reads the same scanned document (the
+first ``--workers-pages`` pages of the CSR sample's every ``--csr-step``-th,
+scanned whole at the highest ``--dpi``) with each of ``--workers`` Tesseract
+processes at once (EVIDENTIA_OCR_WORKERS), and reports wall-clock pages/s and
+whether every run read exactly the text, sources and confidences of the first;
+the exit code is 1 where one did not.
+
 Usage: python bench/bench_ocr.py [--data ../shared/data/financebench-dev] [--dpi 150 300]
        [--min-queries 3] [--others 8] [--seed 0] [--compare-engines 4] [--language-cost 4] [--json]
+       python bench/bench_ocr.py --parts workers [--workers 1 2] [--workers-pages 8] [--dpi 300]
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 import pymupdf
@@ -80,6 +89,39 @@ def scan_pages(src: Path, dst: Path, pages: set[int], dpi: int) -> None:
     out.save(dst, garbage=1, deflate=True)
     out.close()
     doc.close()
+
+
+def scan_subset(src: Path, pages: list[int], dpi: int, folder: Path, name: str) -> tuple[Path, Path]:
+    """(scan, original): the 1-based ``pages`` of ``src`` copied into ``original``, and
+    ``scan``, every page of it an image at ``dpi`` (no text layer gives a language prior)."""
+    original = folder / f"{name}-subset.pdf"
+    with pymupdf.open(src) as doc, pymupdf.open() as out:
+        for p in pages:
+            out.insert_pdf(doc, from_page=p - 1, to_page=p - 1)
+        out.save(original)
+    scan = folder / f"{name}.pdf"
+    scan_pages(original, scan, set(range(1, len(pages) + 1)), dpi)
+    _ORIGINALS[scan] = original
+    return scan, original
+
+
+def workers_speed(path: Path, engine: OcrEngine, workers: list[int], detector: LanguageDetector) -> list[dict]:
+    """``path`` read with each number of Tesseract processes at once: wall-clock
+    pages/s, and whether the pages came back exactly as in the first run."""
+    rows: list[dict] = []
+    first = None
+    for count in workers:
+        load = os.getloadavg()[0]
+        t0 = time.perf_counter()
+        document = extract_pages(path, path.stem, detector, ocr=replace(engine, workers=count))
+        wall = time.perf_counter() - t0
+        pages = [(p.raw_text, p.text_source, p.ocr_confidence) for p in document.pages]
+        first = first or pages
+        rows.append({"workers": count, "ocr_pages": document.ocr_pages, "wall_s": round(wall, 1),
+                     "pages_per_s": round(document.ocr_pages / wall, 3),
+                     "ocr_s_per_page": round(document.ocr_seconds / max(1, document.ocr_pages), 2),
+                     "same_pages_as_first": pages == first, "load_1min": (load, os.getloadavg()[0])})
+    return rows
 
 
 def word_scores(reference: str, hypothesis: str) -> tuple[int, int, int]:
@@ -241,8 +283,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compare-engines", type=int, default=4, metavar="N")
     ap.add_argument("--language-cost", type=int, default=4, metavar="N")
     ap.add_argument("--tessdata", default=None)
+    ap.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="workers part: Tesseract processes at once")
+    ap.add_argument("--workers-pages", type=int, default=8, help="workers part: pages of the CSR sample read")
     ap.add_argument("--parts", default="retrieval,csr,engines,languages",
-                    help="comma-separated parts to run (engines and languages scan their sample pages themselves)")
+                    help="comma-separated parts to run, of retrieval, csr, engines, languages, workers (engines "
+                         "and languages scan their sample pages themselves)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     parts = set(args.parts.split(","))
@@ -325,14 +370,7 @@ def main(argv: list[str] | None = None) -> int:
             report["csr"] = {}
             for dpi in args.dpi:
                 # only the chosen pages, all scanned: no text layer gives a language prior
-                subset_pdf = tmp / f"csr-subset-{dpi}.pdf"
-                with pymupdf.open(args.csr) as doc, pymupdf.open() as out:
-                    for p in sorted(pages):
-                        out.insert_pdf(doc, from_page=p - 1, to_page=p - 1)
-                    out.save(subset_pdf)
-                dst = tmp / f"csr-{dpi}.pdf"
-                scan_pages(subset_pdf, dst, set(range(1, len(pages) + 1)), dpi)
-                _ORIGINALS[dst] = subset_pdf
+                dst, subset_pdf = scan_subset(args.csr, sorted(pages), dpi, tmp, f"csr-{dpi}")
                 t0 = time.perf_counter()
                 document = extract_pages(dst, "csr", detector, ocr=engine)
                 wall = time.perf_counter() - t0
@@ -351,6 +389,15 @@ def main(argv: list[str] | None = None) -> int:
                 }
                 print(f"CSR {args.csr.name}, {len(pages)} pages scanned whole at {dpi} dpi: {report['csr'][dpi]}",
                       file=sys.stderr)
+
+        if "workers" in parts and args.csr and args.csr.is_file():
+            with pymupdf.open(args.csr) as doc:
+                pages = list(range(1, doc.page_count + 1, args.csr_step))[: args.workers_pages]
+            scan, _ = scan_subset(args.csr, pages, max(args.dpi), tmp, "csr-workers")
+            report["workers"] = workers_speed(scan, engine, args.workers, detector)
+            for row in report["workers"]:
+                print(f"workers: {args.csr.name}, pages {pages} scanned at {max(args.dpi)} dpi, OCR at "
+                      f"{args.ocr_dpi} dpi: {row}", file=sys.stderr)
 
         # evidence pages (the first of each query, at most N), each scanned alone
         wanted = max(args.compare_engines, args.language_cost)
@@ -383,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(report, indent=1, default=str))
     else:
         print(json.dumps({k: v for k, v in report.items() if k != "scanned_pages"}, indent=1, default=str))
-    return 0
+    return 1 if any(not row["same_pages_as_first"] for row in report.get("workers", ())) else 0
 
 
 if __name__ == "__main__":

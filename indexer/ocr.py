@@ -15,6 +15,12 @@ confidence)``; it keeps no state between calls, so a worker process can call it
 unchanged. ``OcrEngine`` is a frozen, picklable description of the Tesseract
 install (probed once by the entry point with ``OcrEngine.probe``).
 
+``read_page`` is two steps, which indexer/pdf.py uses apart to read several
+pages at once: ``prepare_page`` (the decision, and the render: PyMuPDF, in the
+calling thread) and ``read_rendered`` (Tesseract's reading of that render, run
+by a ``TesseractPool``: up to ``OcrEngine.parallel`` processes at once, started
+and collected by the calling thread).
+
 Page sources (``Page.text_source``):
 
 - ``text``: the PDF's own text layer;
@@ -30,11 +36,16 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 import time
+from collections import deque
 from itertools import islice
 from dataclasses import dataclass, field, replace
+from typing import IO
 
 import pymupdf
+
+from evidentia.runtime import usable_cpus
 
 OCR_MODES = ("on", "off", "force")
 TEXT, OCR, UNREAD, NONE = "text", "ocr", "unread", "none"
@@ -60,6 +71,9 @@ OUTLINED_TEXT_PATHS = 50
 # Renders above this many pixels are scaled down (a poster-sized page at 300 dpi
 # would be hundreds of megapixels).
 MAX_PIXELS = 40_000_000
+# How often a TesseractPool looks at its processes while it waits for one: a page
+# takes seconds, so a free slot or an ended page is noticed within 1% of that.
+POLL_S = 0.02
 
 
 class OcrError(Exception):
@@ -76,15 +90,18 @@ class OcrEngine:
     languages: str = DEFAULT_LANGUAGES  # the multi-language run when a page's language is unknown
     dpi: int = 300
     timeout_s: float = 60.0
+    workers: int = 0  # Tesseract processes at once on a document's pages; 0: one per usable CPU
     available: bool = False  # set by probe(): the command runs and knows at least one language
     installed: tuple[str, ...] = field(default=())  # traineddata names found by probe()
     problem: str = ""  # why it is not available, one line
 
     @classmethod
     def probe(cls, mode: str = "on", command: str = "tesseract", tessdata: str | None = None,
-              languages: str = DEFAULT_LANGUAGES, dpi: int = 300, timeout_s: float = 60.0) -> "OcrEngine":
+              languages: str = DEFAULT_LANGUAGES, dpi: int = 300, timeout_s: float = 60.0,
+              workers: int = 0) -> "OcrEngine":
         """The engine with what ``tesseract --list-langs`` says is installed (not run when mode is off)."""
-        base = cls(mode=mode, command=command, tessdata=tessdata, languages=languages, dpi=dpi, timeout_s=timeout_s)
+        base = cls(mode=mode, command=command, tessdata=tessdata, languages=languages, dpi=dpi, timeout_s=timeout_s,
+                   workers=workers)
         if mode == "off":
             return base
         path = shutil.which(command)
@@ -104,11 +121,18 @@ class OcrEngine:
     @classmethod
     def from_settings(cls, settings) -> "OcrEngine":
         return cls.probe(mode=settings.ocr, command=settings.tesseract, tessdata=settings.tessdata,
-                         languages=settings.ocr_languages, dpi=settings.ocr_dpi, timeout_s=settings.ocr_timeout_s)
+                         languages=settings.ocr_languages, dpi=settings.ocr_dpi, timeout_s=settings.ocr_timeout_s,
+                         workers=settings.ocr_workers)
 
     @property
     def enabled(self) -> bool:
         return self.mode != "off" and self.available
+
+    @property
+    def parallel(self) -> int:
+        """Pages read by Tesseract at once: ``workers``, or one per CPU this process
+        may use (asked where the pages are read: the extraction child's own CPUs)."""
+        return self.workers if self.workers > 0 else usable_cpus()
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -229,6 +253,30 @@ def read_page(page: pymupdf.Page, engine: OcrEngine, language: str | None = None
     """The page's text and how it was obtained. ``language`` (ISO 639-1, e.g. the
     document's majority language) picks the Tesseract language; None runs the
     multi-language set. ``text_layer`` saves extracting it again."""
+    prepared = prepare_page(page, engine, text_layer)
+    if isinstance(prepared, PageText):
+        return prepared
+    with TesseractPool(engine, 1) as pool:
+        return read_rendered(prepared, engine, pool, pool.submit(prepared.image, engine.languages_for(language)))
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """A page that needs Tesseract, rendered for it (``prepare_page``)."""
+
+    image: bytes  # the page as a grey PNG (``render``)
+    kept: str  # its text layer, kept where OCR does not improve on it ("" for glyph junk)
+    seconds: float = 0.0  # the render's time, counted in the page's OCR time
+
+    @property
+    def fallback(self) -> str:
+        """The page's source when it is not read."""
+        return TEXT if self.kept.strip() else UNREAD
+
+
+def prepare_page(page: pymupdf.Page, engine: OcrEngine, text_layer: str | None = None) -> PageText | Rendered:
+    """``read_page`` up to Tesseract: the page's ``PageText`` where no OCR is needed
+    (or none can run), else its render. PyMuPDF work only: the caller's thread."""
     if text_layer is None:
         text_layer = page.get_text("text", sort=False)
     if engine.mode != "force" and not needs_ocr(page, text_layer):
@@ -242,16 +290,24 @@ def read_page(page: pymupdf.Page, engine: OcrEngine, language: str | None = None
         return PageText(kept, fallback, problem="OCR is off: EVIDENTIA_OCR=off")
     if not engine.available:
         return PageText(kept, fallback, problem=engine.problem)
-    languages = engine.languages_for(language)
+    t0 = time.perf_counter()
+    image = render(page, engine.dpi)
+    return Rendered(image, kept, time.perf_counter() - t0)
+
+
+def read_rendered(page: Rendered, engine: OcrEngine, pool: "TesseractPool", run: "TesseractRun") -> PageText:
+    """``read_page`` after the render: the page's text from ``run`` (Tesseract on
+    ``page.image``, submitted to ``pool``), waiting for it."""
     try:
-        text, confidence, seconds = ocr_page(page, engine, languages)
+        text, confidence, seconds = pool.result(run)
     except OcrError as exc:
-        return PageText(kept, fallback, languages=languages, problem=str(exc))
+        return PageText(page.kept, page.fallback, languages=run.languages, problem=str(exc))
+    seconds += page.seconds
     # a short text layer (a stamp, a page number) that OCR did not improve on
     # stays; a page where OCR found no letters at all had nothing to read
-    if engine.mode != "force" and letters(text) <= letters(kept):
-        return PageText(kept, TEXT if kept.strip() else NONE, seconds=seconds, languages=languages)
-    return PageText(text, OCR, confidence=confidence, seconds=seconds, languages=languages)
+    if engine.mode != "force" and letters(text) <= letters(page.kept):
+        return PageText(page.kept, TEXT if page.kept.strip() else NONE, seconds=seconds, languages=run.languages)
+    return PageText(text, OCR, confidence=confidence, seconds=seconds, languages=run.languages)
 
 
 def render(page: pymupdf.Page, dpi: int) -> bytes:
@@ -269,19 +325,165 @@ def ocr_page(page: pymupdf.Page, engine: OcrEngine, languages: str) -> tuple[str
     """(text, mean word confidence or None without words, seconds) from Tesseract."""
     t0 = time.perf_counter()
     image = render(page, engine.dpi)
-    try:
-        done = subprocess.run([engine.command, "stdin", "stdout", "-l", languages, "--dpi", str(engine.dpi),
-                               "--psm", "3", "tsv"], input=image, capture_output=True,
-                              timeout=engine.timeout_s, env=engine.environment())
-    except subprocess.TimeoutExpired:
-        raise OcrError(f"OCR took over {engine.timeout_s:g} s (EVIDENTIA_OCR_TIMEOUT_S)") from None
-    except OSError as exc:
-        raise OcrError(f"Tesseract does not run ({exc})") from None
-    if done.returncode != 0:
-        lines = [ln for ln in done.stderr.decode("utf-8", "replace").splitlines() if ln.strip()]
-        raise OcrError(f"Tesseract failed ({lines[-1] if lines else f'exit code {done.returncode}'})")
-    text, confidence = parse_tsv(done.stdout.decode("utf-8", "replace"))
+    with TesseractPool(engine, 1) as pool:
+        text, confidence, _ = pool.result(pool.submit(image, languages))
     return text, confidence, time.perf_counter() - t0
+
+
+# -- Tesseract processes ----------------------------------------------------------
+
+
+class TesseractRun:
+    """One reading of a rendered page by Tesseract: queued, running, then done."""
+
+    def __init__(self, image: bytes, languages: str) -> None:
+        self.image: bytes | None = image  # dropped once Tesseract has it
+        self.languages = languages
+        self.process: subprocess.Popen | None = None
+        self.output: tuple[IO[bytes], IO[bytes]] | None = None  # stdout, stderr (files: nothing blocks on a pipe)
+        self.started = 0.0
+        self.outcome: tuple[str, float | None, float] | OcrError | None = None  # None: not done
+
+
+class TesseractPool:
+    """Runs up to ``workers`` Tesseract processes at once, in submission order,
+    driven by the calling thread: ``submit`` starts one where a slot is free,
+    ``result`` waits for one (starting queued ones as others end), and leaving
+    the ``with`` block kills whatever still runs, so no process outlives it.
+
+    Why not threads, each waiting on its subprocess: in the extraction child
+    (indexer/worker.py) the address space is capped, and each thread costs ~72 MB
+    of it (a malloc arena and a stack): 8 of them took 576 MB of the default
+    768 MB, and MuPDF's allocations failed. A process costs the caller nothing.
+    The image goes to Tesseract through a temporary file, and its TSV comes back
+    through one: a process is never blocked on a pipe nobody reads yet."""
+
+    def __init__(self, engine: OcrEngine, workers: int = 1) -> None:
+        self.engine = engine
+        self.workers = max(1, workers)
+        self._queued: deque[TesseractRun] = deque()
+        self._running: list[TesseractRun] = []
+
+    def __enter__(self) -> "TesseractPool":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def submit(self, image: bytes, languages: str, first: bool = False) -> TesseractRun:
+        """Reads ``image`` (a ``render``) with ``-l languages``, now or when a slot
+        frees; ``first``: before the runs already queued (one the caller waits for)."""
+        run = TesseractRun(image, languages)
+        if first:
+            self._queued.appendleft(run)
+        else:
+            self._queued.append(run)
+        self._collect()
+        self._start_queued()
+        return run
+
+    def result(self, run: TesseractRun) -> tuple[str, float | None, float]:
+        """(text, mean word confidence, seconds) of ``run`` once it ends; ``OcrError``
+        when Tesseract failed, timed out or was cancelled."""
+        while run.outcome is None:
+            self._wait(run)
+            self._collect()
+            self._start_queued()
+        if isinstance(run.outcome, OcrError):
+            raise run.outcome
+        return run.outcome
+
+    def cancel(self, run: TesseractRun) -> None:
+        """Drops ``run``: unstarted, it never starts; running, it is killed."""
+        if run.outcome is not None:
+            return
+        if run in self._queued:
+            self._queued.remove(run)
+        else:
+            self._stop(run)
+        run.image = None
+        run.outcome = OcrError("cancelled")
+
+    def close(self) -> None:
+        for run in [*self._queued, *self._running]:
+            self.cancel(run)
+
+    def _wait(self, run: TesseractRun) -> None:
+        """Until ``run`` ends or runs out of time where nothing else runs or waits;
+        else at most POLL_S, to start queued runs as soon as others end."""
+        if run.process is None:  # queued behind the running ones
+            time.sleep(POLL_S)
+            return
+        alone = len(self._running) == 1 and not self._queued
+        try:
+            run.process.wait(timeout=max(0.0, run.started + self.engine.timeout_s - time.perf_counter())
+                             if alone else POLL_S)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def _start_queued(self) -> None:
+        while self._queued and len(self._running) < self.workers:
+            run = self._queued.popleft()
+            self._start(run)
+            if run.outcome is None:
+                self._running.append(run)
+
+    def _start(self, run: TesseractRun) -> None:
+        engine = self.engine
+        try:
+            out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+            with tempfile.TemporaryFile() as image:
+                image.write(run.image or b"")
+                image.seek(0)
+                run.process = subprocess.Popen(
+                    [engine.command, "stdin", "stdout", "-l", run.languages, "--dpi", str(engine.dpi), "--psm", "3",
+                     "tsv"], stdin=image, stdout=out, stderr=err, env=engine.environment())
+        except OSError as exc:  # no such command, or no room for its files (those made are closed when freed)
+            run.outcome = OcrError(f"Tesseract does not run ({exc})")
+            return
+        finally:
+            run.image = None
+        run.started = time.perf_counter()
+        run.output = (out, err)
+
+    def _collect(self) -> None:
+        """Notes the outcome of every process that ended or ran past the time limit."""
+        for run in list(self._running):
+            assert run.process is not None and run.output is not None
+            seconds = time.perf_counter() - run.started
+            code = run.process.poll()
+            if code is None and seconds <= self.engine.timeout_s:
+                continue
+            if code is None:
+                self._stop(run)
+                run.outcome = OcrError(f"OCR took over {self.engine.timeout_s:g} s (EVIDENTIA_OCR_TIMEOUT_S)")
+                continue
+            out, err = (self._drain(f) for f in run.output)
+            self._running.remove(run)
+            run.output = None
+            if code != 0:
+                lines = [ln for ln in err.decode("utf-8", "replace").splitlines() if ln.strip()]
+                run.outcome = OcrError(f"Tesseract failed ({lines[-1] if lines else f'exit code {code}'})")
+            else:
+                run.outcome = (*parse_tsv(out.decode("utf-8", "replace")), seconds)
+
+    def _stop(self, run: TesseractRun) -> None:
+        """Kills a running process and waits for it (no zombie, no process left)."""
+        if run in self._running:
+            self._running.remove(run)
+        if run.process is not None and run.process.poll() is None:
+            run.process.kill()
+            run.process.wait()
+        for f in run.output or ():
+            f.close()
+        run.output = None
+
+    @staticmethod
+    def _drain(f: IO[bytes]) -> bytes:
+        f.seek(0)
+        data = f.read()
+        f.close()
+        return data
 
 
 def parse_tsv(tsv: str) -> tuple[str, float | None]:

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import replace
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, replace
+from itertools import islice
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 import pymupdf
 
-from evidentia.indexer.ocr import (NONE, OCR, SHORT_TEXT_LETTERS, TEXT, UNREAD, OcrEngine, PageText, has_letters,
-                                   is_garbage, read_page)
+from evidentia.indexer.ocr import (NONE, OCR, SHORT_TEXT_LETTERS, TEXT, UNREAD, OcrEngine, PageText, Rendered,
+                                   TesseractPool, TesseractRun, has_letters, is_garbage, prepare_page, read_rendered)
 from evidentia.language import CONFIDENT, LanguageDetector
 from evidentia.records import Document, Page
 from evidentia.text import clean_text
@@ -94,7 +96,7 @@ def extract_pages(path: Path, doc_id: str, detector: LanguageDetector, ocr: OcrE
     path = Path(path)
     engine = ocr or OcrEngine(mode="off")
     doc = open_pdf(path)
-    t_ocr = 0.0
+    page_ocr_seconds = 0.0
     try:
         raw_layers: list[str] = []
         for index in range(doc.page_count):
@@ -114,30 +116,40 @@ def extract_pages(path: Path, doc_id: str, detector: LanguageDetector, ocr: OcrE
         pending = [i for i, r in enumerate(results) if r is None]
         prior = (_majority_language(detector, [r.text for r in results if r is not None])
                  if pending and engine.enabled else None)
-        for index in pending:
-            try:
-                page = doc.load_page(index)
-                read = read_page(page, engine, prior, raw_layers[index])
-                t_ocr += read.seconds
-                if read.source == OCR:
-                    lang, prob = detector.detect_page(clean_text(read.text))
-                    lang = lang if prob >= CONFIDENT else None
-                    if lang and lang != prior and engine.languages_for(lang) != read.languages:
-                        # a page in another language than the document's (a French
-                        # certificate in an English report): read again in its own
-                        again = read_page(page, engine, lang, raw_layers[index])
-                        t_ocr += again.seconds
-                        best = again if again.source == OCR and (again.confidence or 0) >= (read.confidence or 0) \
-                            else read
-                        read = replace(best, seconds=read.seconds + again.seconds)  # the page cost both
-                    prior = prior or lang
-            except Exception as exc:  # rendering a damaged page
-                raise PdfError(f"{path.name}: page {index + 1} cannot be read ({_describe(exc)})") from None
-            results[index] = read
-            if check_page is not None and read.source == OCR:
-                check_page(index + 1, read.text)
-            if read.source == OCR and on_ocr_page:
-                on_ocr_page(read)
+        workers = engine.parallel if engine.enabled else 1
+        # Pages are rendered ahead (at most this many in memory) and read by up to
+        # `workers` Tesseract processes at once; they are finished in page order, so
+        # the results, check_page and on_ocr_page are those of one page after another.
+        depth = 1 if workers == 1 else 2 * workers
+        t_start = time.perf_counter()
+        with TesseractPool(engine, workers) as pool:  # leaving it, on an error too, kills what still runs
+            ahead: deque[_Ahead] = deque()
+            position = 0  # in pending: the next page to render
+            guessing = False  # an OCR'd page left the prior unknown: read ahead without it
+            while ahead or position < len(pending):
+                # Until the prior is known, the first page OCR'd goes alone (it usually
+                # sets it); pages read without it are read again once it shows.
+                reading = depth if prior or guessing else 1
+                languages = engine.languages_for(prior) if engine.enabled else ""  # disabled: nothing is rendered
+                while True:  # each page goes to Tesseract as soon as it is rendered
+                    _hand_over(islice(ahead, reading), pool, languages)
+                    if position == len(pending) or len(ahead) == depth:
+                        break
+                    ahead.append(_prepare(doc, pending[position], engine, raw_layers[pending[position]]))
+                    position += 1
+                page = ahead.popleft()
+                try:
+                    read, lang = _read(page, engine, pool, detector, prior)
+                except Exception as exc:  # loading or rendering a damaged page
+                    raise PdfError(f"{path.name}: page {page.index + 1} cannot be read ({_describe(exc)})") from None
+                page_ocr_seconds += read.seconds
+                prior = prior or lang
+                guessing = guessing or (prior is None and page.run is not None)
+                results[page.index] = read
+                if check_page is not None and read.source == OCR:
+                    check_page(page.index + 1, read.text)
+                if read.source == OCR and on_ocr_page:
+                    on_ocr_page(read)
     finally:
         doc.close()
     raw_texts = [r.text for r in results]
@@ -149,8 +161,62 @@ def extract_pages(path: Path, doc_id: str, detector: LanguageDetector, ocr: OcrE
         for i, (raw, text, lang, r) in enumerate(zip(raw_texts, cleaned, languages, results))
     )
     problems = [r.problem for r in results if r.source == UNREAD and r.problem]
-    return Document(doc_id=doc_id, pages=pages, source=path.name, ocr_seconds=t_ocr,
+    # wall-clock time of the OCR (pages read at once count once), when any page was read
+    ocr_wall = time.perf_counter() - t_start if page_ocr_seconds > 0 else 0.0
+    return Document(doc_id=doc_id, pages=pages, source=path.name, ocr_seconds=ocr_wall,
                     ocr_problem=problems[0] if problems else "")
+
+
+@dataclass
+class _Ahead:
+    """A page that needs more than its text layer, prepared ahead of its turn."""
+
+    index: int
+    prepared: PageText | Rendered | None = None  # PageText: settled without Tesseract
+    run: TesseractRun | None = None  # Tesseract's first reading of a Rendered page, once handed over
+    error: Exception | None = None  # PyMuPDF failed on it: raised at its turn, after the pages before it
+
+
+def _prepare(doc: pymupdf.Document, index: int, engine: OcrEngine, layer: str) -> _Ahead:
+    try:
+        return _Ahead(index, prepare_page(doc.load_page(index), engine, layer))
+    except Exception as exc:  # a damaged page
+        return _Ahead(index, error=exc)
+
+
+def _hand_over(pages: Iterable[_Ahead], pool: TesseractPool, languages: str) -> None:
+    """Rendered pages go to Tesseract with ``languages``; one read with others (the
+    prior was not known then) is read again."""
+    for page in pages:
+        if isinstance(page.prepared, Rendered) and (page.run is None or page.run.languages != languages):
+            if page.run is not None:
+                pool.cancel(page.run)
+            page.run = pool.submit(page.prepared.image, languages)
+
+
+def _read(page: _Ahead, engine: OcrEngine, pool: TesseractPool, detector: LanguageDetector,
+          prior: str | None) -> tuple[PageText, str | None]:
+    """The page's text, and its language where OCR read it and it is clear."""
+    if page.error is not None:
+        raise page.error
+    if isinstance(page.prepared, PageText):
+        return page.prepared, None
+    assert isinstance(page.prepared, Rendered) and page.run is not None  # handed over before its turn
+    read = read_rendered(page.prepared, engine, pool, page.run)
+    if read.source != OCR:
+        return read, None
+    lang, prob = detector.detect_page(clean_text(read.text))
+    lang = lang if prob >= CONFIDENT else None
+    if lang and lang != prior and engine.languages_for(lang) != read.languages:
+        # a page in another language than the document's (a French certificate in an
+        # English report): read again in its own, from the same render, ahead of the
+        # pages read ahead (they wait for this one)
+        rendered = replace(page.prepared, seconds=0.0)
+        run = pool.submit(rendered.image, engine.languages_for(lang), first=True)
+        again = read_rendered(rendered, engine, pool, run)
+        best = again if again.source == OCR and (again.confidence or 0) >= (read.confidence or 0) else read
+        read = replace(best, seconds=read.seconds + again.seconds)  # the page cost both
+    return read, lang
 
 
 def _majority_language(detector: LanguageDetector, texts: list[str]) -> str | None:

@@ -19,7 +19,7 @@ from evidentia.config import ConfigError, Settings
 from evidentia.indexer import ocr as ocr_mod
 from evidentia.language import LanguageDetector
 from evidentia.indexer.ocr import OcrEngine, is_garbage, parse_tsv, read_page
-from evidentia.indexer.pdf import extract_pages
+from evidentia.indexer.pdf import PdfError, extract_pages
 from evidentia.indexing import embed_document, index_paths
 from evidentia.records import Document, Page
 from evidentia.retriever import elasticsearch_backend as esb
@@ -242,6 +242,110 @@ def test_ocr_over_its_time_limit_or_failing_leaves_the_page_unread(tmp_path):
         assert broken.source == "unread" and broken.problem.startswith("Tesseract failed")
     document = extract_pages(path, "scan", LanguageDetector(), ocr=replace(TESSERACT, timeout_s=0.01))
     assert document.unread_pages == 1 and "EVIDENTIA_OCR_TIMEOUT_S" in document.ocr_problem
+
+
+# -- several pages at once ----------------------------------------------------------------
+# A fully scanned document whose first page shows no language, so the next ones are read
+# ahead without a prior and again once page 2 sets it (French: page 4 is then read in
+# French only, the others again in their own language).
+PARALLEL_PAGES = ["2023", TEXTS["fr"], TEXTS["en"], TEXTS["fr"], TEXTS["de"]]
+
+
+def tesseract_children() -> list:
+    import psutil
+
+    found = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if "tesseract" in child.name():
+                found.append(child)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+@pytest.fixture(scope="module")
+def parallel_reads(tmp_path_factory) -> dict:
+    """The same scan read with 1 and with 2 workers; with 2, the progress calls and
+    the most Tesseract processes seen running at once (sampled every 5 ms)."""
+    assert TESSERACT.available or pytest.skip("no Tesseract")
+    import threading
+    from dataclasses import replace
+
+    path = scanned_pdf(tmp_path_factory.mktemp("parallel") / "scan.pdf", PARALLEL_PAGES)
+    calls: dict[int, list] = {1: [], 2: []}  # per worker count: each progress call's PageText
+    one = extract_pages(path, "scan", LanguageDetector(), ocr=replace(TESSERACT, workers=1),
+                        on_ocr_page=calls[1].append)
+    seen, done = [0], threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.005):
+            seen.append(len(tesseract_children()))
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        two = extract_pages(path, "scan", LanguageDetector(), ocr=replace(TESSERACT, workers=2),
+                            on_ocr_page=calls[2].append)
+    finally:
+        done.set()
+        sampler.join()
+    return {"one": one, "two": two, "calls": calls, "most_at_once": max(seen)}
+
+
+@needs_tesseract
+def test_two_workers_read_exactly_what_one_reads(parallel_reads):
+    one, two = parallel_reads["one"], parallel_reads["two"]
+    assert [p.text_source for p in one.pages] == ["none", "ocr", "ocr", "ocr", "ocr"]
+    assert [p.language for p in one.pages] == [None, "fr", "en", "fr", "de"]
+    assert [(p.raw_text, p.text_source, p.language, p.ocr_confidence) for p in two.pages] == \
+        [(p.raw_text, p.text_source, p.language, p.ocr_confidence) for p in one.pages]
+    # with the same Tesseract languages: page 4 in French only, as the prior says
+    assert [r.languages for r in parallel_reads["calls"][2]] == [r.languages for r in parallel_reads["calls"][1]]
+    assert [r.languages for r in parallel_reads["calls"][1]][1:] == ["eng", "fra", "deu"]
+    assert "société" in two.pages[3].text and "wiederverwertung" in two.pages[4].text.lower()
+    assert two.ocr_seconds > 0 and not tesseract_children()
+
+
+@needs_tesseract
+def test_progress_comes_once_per_ocr_page_in_page_order(parallel_reads):
+    two = parallel_reads["two"]
+    assert [r.text for r in parallel_reads["calls"][2]] == [p.raw_text for p in two.pages if p.text_source == "ocr"]
+    assert parallel_reads["most_at_once"] == 2  # pages were read two at once, never more
+
+
+@needs_tesseract
+def test_a_failed_check_stops_the_reading_and_leaves_no_tesseract_running(tmp_path):
+    from dataclasses import replace
+
+    # English only: no page is read twice, so page 4 starts as page 2 ends, just before its check
+    path = scanned_pdf(tmp_path / "scan.pdf", [TEXTS["en"]] * 4)
+    checked, running_then, progress = [], [], []
+
+    def check_page(page: int, text: str) -> None:
+        if text.strip():  # the OCR'd text (the scans' own text layers are empty)
+            checked.append(page)
+        if page == 2 and text.strip():
+            running_then.extend(tesseract_children())
+            raise PdfError("scan.pdf: page 2: more than N characters")
+
+    with pytest.raises(PdfError, match="page 2"):
+        extract_pages(path, "scan", LanguageDetector(), ocr=replace(TESSERACT, workers=2), check_page=check_page,
+                      on_ocr_page=progress.append)
+    assert checked == [1, 2] and len(progress) == 1
+    assert running_then, "pages 3-4 were not being read while page 2 was checked"
+    assert not tesseract_children() and not any(p.is_running() for p in running_then)
+
+
+def test_ocr_workers_setting():
+    from evidentia.runtime import usable_cpus
+
+    default = Settings.from_env({})
+    assert default.ocr_workers == 0 and OcrEngine.from_settings(default).parallel == usable_cpus()
+    three = Settings.from_env({"EVIDENTIA_OCR_WORKERS": "3"})
+    assert three.ocr_workers == 3 and OcrEngine.from_settings(three).parallel == 3
+    with pytest.raises(ConfigError, match=r"EVIDENTIA_OCR_WORKERS must be a whole number >= 0, not '-1'"):
+        Settings.from_env({"EVIDENTIA_OCR_WORKERS": "-1"})
 
 
 def test_missing_language_data_is_reported(tmp_path):
