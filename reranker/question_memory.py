@@ -13,10 +13,11 @@ relevant. A new question gets 0, 0, 0 and the other features decide.
 
 The memory is fixed once the model is trained (it is a file of the model), so a page
 still gets the same probability whatever pool it comes in. It keeps at most
-``MAX_WINDOWS_PER_LABEL`` window vectors per question and verdict (the first in
-training order, where the analysts' verdicts come first): months of feedback on a
-popular question would otherwise grow the file and every match of it without
-bound, while a few hundred pages already say what its evidence looks like.
+``MAX_WINDOWS_PER_LABEL`` window vectors per question and verdict, the last in
+training order (retraining puts the base data first and the analysts' verdicts
+after it, so the newest evidence is what stays): months of feedback on a popular
+question would otherwise grow the file and every match of it without bound, while
+a few hundred pages already say what its evidence looks like.
 """
 
 from __future__ import annotations
@@ -79,24 +80,27 @@ class QuestionMemory:
               similarity: float = DEFAULT_SIMILARITY,
               max_windows_per_label: int = MAX_WINDOWS_PER_LABEL) -> "QuestionMemory":
         """``entries``: (question vector, the page's window vectors, relevant, question text),
-        in order of preference: past ``max_windows_per_label`` windows of one question
-        and verdict, the later pages are left out."""
+        oldest first: past ``max_windows_per_label`` windows of one question and verdict,
+        the earliest pages are left out."""
+        # how many windows of each entry stay, counted from the newest
+        room: dict[tuple[str, bool], int] = {}
+        keep = [0] * len(entries)
+        for i in range(len(entries) - 1, -1, -1):
+            _vec, windows, relevant, question = entries[i]
+            key = (normalised_question(question), bool(relevant))
+            n = 0 if windows is None else len(windows)
+            keep[i] = min(n, room.setdefault(key, max_windows_per_label))
+            room[key] -= keep[i]
         index: dict[str, int] = {}
-        kept: dict[tuple[int, bool], int] = {}
         questions, vectors, owner, labels = [], [], [], []
-        for question_vec, windows, relevant, question in entries:
+        for (question_vec, windows, relevant, question), n in zip(entries, keep):
             text = normalised_question(question)
             if text not in index:
                 index[text] = len(questions)
                 questions.append(np.asarray(question_vec, dtype=np.float32))
-            if windows is None or windows.size == 0:
+            if windows is None or windows.size == 0 or n == 0:
                 continue
-            key = (index[text], bool(relevant))
-            room = max_windows_per_label - kept.get(key, 0)
-            if room <= 0:
-                continue
-            windows = np.asarray(windows, dtype=np.float32)[:room]
-            kept[key] = kept.get(key, 0) + len(windows)
+            windows = np.asarray(windows, dtype=np.float32)[len(windows) - n:]
             vectors.append(windows)
             owner += [index[text]] * len(windows)
             labels += [bool(relevant)] * len(windows)

@@ -611,8 +611,8 @@ class ElasticsearchBackend(SearchBackend):
         return Document(doc_id=doc_id, pages=tuple(page_from_source(src) for src in sources), source=info.source)
 
     def page_vectors(self, doc_id: str) -> PageVectors | None:
-        """The document's window vectors (float16, as stored), None without any;
-        documents indexed under schema 3 have none readable."""
+        """The document's window vectors (float16, as stored), None without any
+        (indexed with EVIDENTIA_DENSE=off) or when it is being replaced."""
         with self._errors(f"read the vectors of {doc_id!r}"):
             record = self._records([doc_id]).get(doc_id)
             if record is None or not record["vectors"]:

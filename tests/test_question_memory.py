@@ -156,19 +156,20 @@ def test_memory_dropout_is_seeded_and_keeps_a_question_with_its_document():
     assert not tf._memory_dropped(records, 0.0, seed=0).any() and tf._memory_dropped(records, 1.0, seed=0).all()
 
 
-def test_a_question_keeps_a_bounded_number_of_pages_per_verdict_the_first_given():
+def test_a_question_keeps_a_bounded_number_of_pages_per_verdict_the_newest():
     """Months of verdicts on one popular question must not grow the memory (and the
-    cost of each match) without bound; the first entries (analysts' verdicts come
-    first in training) are the ones kept."""
+    cost of each match) without bound; the newest entries (the analysts' verdicts
+    come after the base data in training) are the ones kept."""
     question = "What are your scope 3 emissions?"
-    evidence = [np.stack([_unit(0, 0, 1, 0.01 * i)] * 2) for i in range(5)]  # two windows per page
+    evidence = [np.stack([_unit(0, 0, 1, 0.01 * i)] * 2) for i in range(5)]  # two windows per page, oldest first
     memory = QuestionMemory.build(
         [(Q_EMISSIONS, page, True, question) for page in evidence]
         + [(Q_EMISSIONS, CANTEEN_PAGE, False, question)] * 4
         + [(Q_WATER, SCOPE3_PAGE, True, "How much water do you use?")],
         max_windows_per_label=5)
     emissions = memory.question_of == 0
-    assert (memory.relevant & emissions).sum() == 5  # five windows: pages 1, 2 and half of 3
-    np.testing.assert_allclose(memory.vectors[memory.relevant & emissions], np.vstack(evidence)[:5], atol=1e-6)
+    assert (memory.relevant & emissions).sum() == 5  # five windows: half of page 3, pages 4 and 5
+    np.testing.assert_allclose(memory.vectors[memory.relevant & emissions], np.vstack(evidence)[-5:], atol=1e-6)
     assert (~memory.relevant & emissions).sum() == 4  # under the cap: all kept
     assert (memory.question_of == 1).sum() == 1  # another question has its own allowance
+    assert memory.size == 2
