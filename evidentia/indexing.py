@@ -211,8 +211,11 @@ def index_paths_with_progress(paths: Sequence[Path], backend: SearchBackend, det
         pages_done = embedded = ocr_done = 0
         ocr_seconds = 0.0
 
+        # pages are OCR'd several at a time (EVIDENTIA_OCR_WORKERS): a page's own time, and how many run at once
+        at_once = f", {ocr.parallel} at a time" if ocr is not None and ocr.enabled and ocr.parallel > 1 else ""
+
         def refresh() -> None:
-            ocr_part = f", {ocr_done} OCR'd ({ocr_seconds / ocr_done:.1f} s/page)" if ocr_done else ""
+            ocr_part = f", {ocr_done} OCR'd ({ocr_seconds / ocr_done:.1f} s each{at_once})" if ocr_done else ""
             bar.note(f"{pages_done} pages{ocr_part}" + (f", {embedded} embedded" if embedder else ""))
 
         def on_ocr_page(read: PageText) -> None:
