@@ -134,12 +134,9 @@ class ClassifierReranker(Reranker):
         if self._backend is not None:
             from evidentia.reranker.features import stored_document_source, stored_vector_source
 
+            # the document features score the document's other pages from their stored vectors
             vectors = stored_vector_source(self._backend, self.extractor.embedder.name)
-            # The document features score the document's other pages from their stored
-            # vectors (both backends keep them); a backend that cannot return them would
-            # be read for nothing: its pages stand alone.
-            if hasattr(self._backend, "page_vectors"):
-                documents = stored_document_source(self._backend)
+            documents = stored_document_source(self._backend)
         return self.extractor.features(question, answer, pages, vector_source=vectors, document_source=documents)
 
     def probabilities(self, question: str, answer: str, texts: Sequence[str]) -> list[float]:

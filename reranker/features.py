@@ -269,18 +269,15 @@ def document_features(page_features: np.ndarray) -> np.ndarray:
 
 
 def stored_vector_source(backend, model_name: str) -> PageVectorSource:
-    """Window vectors stored at indexing time (backends with ``page_vectors``), when
+    """Window vectors stored at indexing time (``SearchBackend.page_vectors``), when
     they were made by ``model_name``; None otherwise (the caller computes them)."""
-    getter = getattr(backend, "page_vectors", None)
     documents: dict[str, PageVectors | None] = {}
 
     def lookup(doc_id: str, page: int, text: str) -> np.ndarray | None:
-        if getter is None:
-            return None
         if doc_id not in documents:
             try:
-                vectors = getter(doc_id)
-            except Exception:  # a document being replaced, a backend without vectors: compute instead
+                vectors = backend.page_vectors(doc_id)
+            except Exception:  # a document being replaced, a backend down: compute instead
                 vectors = None
             documents[doc_id] = vectors if vectors is not None and vectors.model == model_name else None
         vectors = documents[doc_id]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Iterable, Sequence
 
-from evidentia.records import Candidate, Document, DocumentInfo, Page
+from evidentia.records import Candidate, Document, DocumentInfo, Page, PageVectors
 
 
 class BackendError(RuntimeError):
@@ -98,6 +98,12 @@ class SearchBackend(ABC):
         """The embedding model of each indexed document's page vectors (None: indexed
         without vectors); ids that are not indexed are left out."""
         raise BackendError(f"{type(self).__name__} does not store page vectors")
+
+    def page_vectors(self, doc_id: str) -> PageVectors | None:
+        """The window vectors stored with the document at indexing time (rows grouped
+        by page, as ``PageVectors``); None for a document indexed without them or not
+        indexed. The classifier reads them for a candidate's whole document."""
+        return None
 
     def stored_document(self, doc_id: str) -> Document | None:
         """The document as indexed (all its pages, from the index, without vectors):
