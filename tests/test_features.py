@@ -292,13 +292,25 @@ def _pools(late: int):
 
 
 def test_threshold_keeps_recall_and_halves_the_pool():
-    two_late = choose_threshold(_pools(2))  # dropping 2 of 20 hits keeps 90 %: the highest such t
+    two_late = choose_threshold(_pools(2), confidence=None)  # dropping 2 of 20 hits keeps 90 %: the highest such t
     assert two_late.threshold == 0.5 and two_late.recall_kept == 0.9 and two_late.pool_share == 0.05
-    four_late = choose_threshold(_pools(4))  # 80 % would be too little: t must keep the 0.1 pages
+    four_late = choose_threshold(_pools(4), confidence=None)  # 80 % would be too little: t must keep the 0.1 pages
     assert four_late.threshold == 0.1 and four_late.recall_kept == 1.0 and four_late.pool_share == 0.15
     assert four_late.sweep[0]["t"] == 0.0 and four_late.sweep[0]["recall_kept"] == 1.0
     with pytest.raises(FeatureModelError):
-        choose_threshold([([0.5] * 4, [0, 0, 0, 1])], max_pool_share=0.1)
+        choose_threshold([([0.5] * 4, [0, 0, 0, 1])], max_pool_share=0.1, confidence=None)
+
+
+def test_threshold_keeps_the_evidence_of_queries_like_these_by_default():
+    # 2 late of 20 keep exactly 90 % here, but a resample draws 3 or more late ones about
+    # a third of the time: the default asks t to keep 90 % in 80 % of resamples
+    two_late = choose_threshold(_pools(2))
+    assert two_late.threshold == 0.1 and two_late.recall_kept == 1.0 and two_late.confidence == 0.8
+    row = next(r for r in two_late.sweep if r["t"] == 0.5)
+    assert 0.5 < row["resamples_kept"] < 0.8 and row["recall_kept"] == 0.9
+    # one late query in 20: t = 0.5 keeps 95 %, and 90 % in nearly every resample
+    assert choose_threshold(_pools(1)).threshold == 0.5
+    assert choose_threshold(_pools(2), seed=3).threshold == two_late.threshold  # seeded, not luck
 
 
 # -- the reranker with a features model ---------------------------------------------------

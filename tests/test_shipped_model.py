@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from evidentia.config import Settings
 from evidentia.records import Candidate
 from evidentia.reranker.classifier import ClassifierReranker
 from evidentia.reranker.classifier_model import METADATA_FILE, SHIPPED_MODEL_DIR
@@ -54,6 +55,8 @@ def test_shipped_model_loads_and_puts_the_evidence_first():
     probs = [p.probability for p in result.pages]
     assert all(0.0 < p < 1.0 for p in probs) and probs == sorted(probs, reverse=True)
     assert reranker.kind == "features" and reranker.default_threshold is not None
+    # the declared default is the threshold the shipped model chose for itself
+    assert reranker.default_threshold == Settings().classifier_threshold
 
 
 def test_scoring_with_the_shipped_model_never_imports_torch():

@@ -15,7 +15,8 @@ training records (`evidentia dataset`): the CPU default of the classifier rerank
 4. out-of-fold predictions (folds by document: a page is scored by a model that
    never saw its document) give the model's calibration and AUROC on unseen
    documents, and the default threshold: the highest t keeping >= 90 % of the
-   unthresholded R@3 of each query's pages while returning at most half of them.
+   unthresholded R@3 of each query's pages, in 80 % of resamples of the queries,
+   while returning at most half of them.
 
 Seconds of CPU apart from the bi-encoder (pages are embedded once, then cached).
 """
@@ -170,6 +171,7 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
             model.threshold = choice.threshold
             metrics["threshold"] = {"t": choice.threshold, "recall_kept": choice.recall_kept,
                                     "pool_share": choice.pool_share, "queries": len(pools),
+                                    "confidence": choice.confidence,
                                     "chosen_on": "out-of-fold pools" + (f" (documents {threshold_skip_prefix}* left out)"
                                                                         if threshold_skip_prefix else "")}
         except FeatureModelError as exc:
