@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from paired_bootstrap import bootstrap, per_query  # noqa: E402
+from paired_bootstrap import compare, per_query  # noqa: E402
 
 from evidentia.evaluation.metrics import expected_calibration_error  # noqa: E402
 
@@ -159,13 +159,10 @@ def main() -> None:
                                 for c in (*CONFIGS, DEFAULT_T)))
         for a, b in PAIRS:
             for metric, col in (("P@1", 2), ("P@3", 0)):
-                xa = [scores[a][q][col] for q in ids]
-                xb = [scores[b][q][col] for q in ids]
-                lo, hi, share = bootstrap(xa, xb, args.samples, args.seed)
-                better = sum(y > x for x, y in zip(xa, xb))
-                worse = sum(y < x for x, y in zip(xa, xb))
-                print(f"  {b} - {a} {metric}: {(sum(xb) - sum(xa)) / len(ids):+.3f} [{lo:+.3f}, {hi:+.3f}] "
-                      f"({better} better / {worse} worse)")
+                c = compare([scores[a][q][col] for q in ids], [scores[b][q][col] for q in ids], args.samples,
+                            args.seed)
+                print(f"  {b} - {a} {metric}: {c['difference']:+.3f} [{c['low']:+.3f}, {c['high']:+.3f}] "
+                      f"({c['better']} better / {c['worse']} worse)")
         relevant = {q["id"]: {(q["doc_id"], p) for p in q["relevant_pages"]} for q in queries}
         stats = pool_statistics(rows, relevant)
         print(f"  pools: {stats['pages']} pages, {stats['relevant']} relevant, mean p {stats['mean_p']:.3f}, "

@@ -47,6 +47,15 @@ def bootstrap(a: list[float], b: list[float], samples: int, seed: int) -> tuple[
     return diffs[int(0.025 * samples)], diffs[int(0.975 * samples) - 1], sum(d > 0 for d in diffs) / samples
 
 
+def compare(a: list[float], b: list[float], samples: int, seed: int) -> dict:
+    """B - A of one metric over the same queries: the difference, its bootstrap 95 %
+    interval, the share of resamples with B ahead, and how many queries B wins and loses."""
+    lo, hi, wins = bootstrap(a, b, samples, seed)
+    return {"a": sum(a) / len(a), "b": sum(b) / len(b), "difference": (sum(b) - sum(a)) / len(a), "low": lo,
+            "high": hi, "wins": wins, "better": sum(y > x for x, y in zip(a, b)),
+            "worse": sum(y < x for x, y in zip(a, b))}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run", type=Path, required=True, help="JSONL written by evidentia eval --run-out")
@@ -61,14 +70,11 @@ def main() -> None:
         ids = sorted(set(scores[a_name]) & set(scores[b_name]))
         print(f"{b_name} vs {a_name} ({len(ids)} queries)")
         for m, metric in ((2, "P@1"), (0, "P@3"), (1, "R@3")):
-            a = [scores[a_name][i][m] for i in ids]
-            b = [scores[b_name][i][m] for i in ids]
-            lo, hi, wins = bootstrap(a, b, args.samples, args.seed)
-            better = sum(y > x for x, y in zip(a, b))
-            worse = sum(y < x for x, y in zip(a, b))
-            print(f"  {metric}: {sum(a) / len(a):.3f} -> {sum(b) / len(b):.3f}, difference "
-                  f"{(sum(b) - sum(a)) / len(a):+.3f}, 95% CI [{lo:+.3f}, {hi:+.3f}], B ahead in "
-                  f"{wins:.0%} of resamples; queries better/worse/equal {better}/{worse}/{len(ids) - better - worse}")
+            c = compare([scores[a_name][i][m] for i in ids], [scores[b_name][i][m] for i in ids], args.samples,
+                        args.seed)
+            print(f"  {metric}: {c['a']:.3f} -> {c['b']:.3f}, difference {c['difference']:+.3f}, 95% CI "
+                  f"[{c['low']:+.3f}, {c['high']:+.3f}], B ahead in {c['wins']:.0%} of resamples; queries "
+                  f"better/worse/equal {c['better']}/{c['worse']}/{len(ids) - c['better'] - c['worse']}")
 
 
 if __name__ == "__main__":
