@@ -180,7 +180,8 @@ class IndexingWorker:
         # the whole extraction (OCR of pages without text included) runs in the child;
         # each page it OCRs is reported back for the progress counter
         call = extraction_call(Path(file_path), internal_id(tenant, document_id), settings.language_probe_chars,
-                               ExtractionLimits.from_settings(settings), {"ocr": services.engine.ocr},
+                               ExtractionLimits.from_settings(settings),
+                               {"ocr": services.engine.ocr.shared_by(settings.index_workers)},
                                on_progress=lambda _page: self._count_ocr_page(tenant, document_id))
         key = (tenant, document_id, generation)
         with self._running_lock:

@@ -176,7 +176,8 @@ class Settings:
     ocr_timeout_s: float = setting(60.0, "OCR time limit per page; a page over it stays unread",
                                    parse=positive_float)
     ocr_workers: int = setting(0, "pages of a document read by Tesseract at once (one process each); `0`: one per "
-                               "usable CPU, `1`: one page after another", parse=non_negative_int)
+                               "usable CPU, shared by the documents the API indexes at once "
+                               "(`EVIDENTIA_INDEX_WORKERS`), `1`: one page after another", parse=non_negative_int)
     tesseract: str = setting("tesseract", "the Tesseract command (a name on `PATH` or a path)")
     tessdata: str | None = setting(None, "Tesseract's language data folder (default: its own, or "
                                    "`TESSDATA_PREFIX`)")

@@ -134,6 +134,15 @@ class OcrEngine:
         may use (asked where the pages are read: the extraction child's own CPUs)."""
         return self.workers if self.workers > 0 else usable_cpus()
 
+    def shared_by(self, documents: int) -> "OcrEngine":
+        """The engine for one of ``documents`` extractions that run at once (the API's
+        EVIDENTIA_INDEX_WORKERS): with ``workers`` 0 each gets its share of the CPUs,
+        at least one, instead of one Tesseract per CPU each (documents x CPUs
+        processes, each with its own memory limit). An explicit ``workers`` stands."""
+        if self.workers > 0 or documents <= 1:
+            return self
+        return replace(self, workers=max(1, usable_cpus() // documents))
+
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
         # Tesseract's OpenMP threads fight the indexer (and each other) for the

@@ -215,6 +215,27 @@ def test_bad_pdf_fails_in_the_background_and_leaves_nothing_indexed(client, bad_
     assert_error(client.get("/v1/documents/corrupted/pages/1", headers=h), 409, "document_not_ready")
 
 
+def test_documents_indexed_at_once_share_the_ocr_cpus(own_client, sample_pdf, monkeypatch):
+    """Each of the EVIDENTIA_INDEX_WORKERS extractions gets its share of Tesseract
+    processes, not one per CPU each."""
+    from evidentia.api import indexing
+    from evidentia.runtime import usable_cpus
+
+    seen = []
+    real_call = indexing.extraction_call
+
+    def spy(*args, **kwargs):
+        seen.append(args[4]["ocr"])
+        return real_call(*args, **kwargs)
+
+    monkeypatch.setattr(indexing, "extraction_call", spy)
+    c = own_client(index_workers=2)
+    h = new_tenant(c)
+    assert upload(c, h, sample_pdf, "shared").status_code == 202
+    wait_indexed(c, h, "shared")
+    assert [engine.parallel for engine in seen] == [max(1, usable_cpus() // 2)]
+
+
 def test_validate_while_indexing_is_409(client, sample_pdf):
     h = new_tenant(client)
     services = services_of(client)

@@ -348,6 +348,15 @@ def test_ocr_workers_setting():
         Settings.from_env({"EVIDENTIA_OCR_WORKERS": "-1"})
 
 
+def test_documents_indexed_at_once_share_the_cpus(monkeypatch):
+    monkeypatch.setattr(ocr_mod, "usable_cpus", lambda: 8)
+    default = OcrEngine(mode="on")
+    assert default.parallel == 8 and default.shared_by(1) is default
+    assert default.shared_by(2).parallel == 4 and default.shared_by(3).parallel == 2
+    assert default.shared_by(16).parallel == 1  # never none
+    assert OcrEngine(mode="on", workers=3).shared_by(2).parallel == 3  # an explicit setting stands
+
+
 def test_missing_language_data_is_reported(tmp_path):
     if shutil.which("tesseract") is None:
         pytest.skip("no tesseract binary")
