@@ -22,7 +22,10 @@ same features - and the same probability - whatever pool it comes in.
   reciprocal-rank fusion, the gap to the document's best cosine. This is what made
   the hybrid first stage hard to beat (it fuses *ranks*, whose scale is the same
   for every query), computed over the whole document, never over the pool: the
-  same page of the same document gets the same value whatever pool it comes in.
+  same page of the same document gets the same value whatever pool it comes in;
+  and the document's mean share of numeric tokens (a filing's tables, a report's
+  prose), used only to put documents on one probability scale after the fit
+  (``CALIBRATION_FEATURES``).
 
 Window vectors come from the index when the page was embedded at indexing time
 with the same model (``PageVectorSource``), else they are computed here with the
@@ -75,12 +78,21 @@ DOCUMENT_FEATURE_NAMES = (
     "doc_rel_bm25",     # bm25_domain over the document's best (0 when no page matches)
     "doc_z_cos",        # cos_query standardised over the document's pages
     "doc_rank_cos_question",  # ln(1 + pages of the document with a higher cos_question)
+    "doc_num_share",    # mean num_share of the document's pages: a filing's tables against a report's prose
 )
 # Signs the relevance model's weights must keep (reranker/relevance_model.py): the
 # probability never rises as the page ranks lower in its document. With free signs
 # the fit paired a negative weight on the reciprocal-rank fusion with the log ranks
 # into a U: past the ranks seen in training, worse ranks scored higher.
 FEATURE_SIGNS = {"doc_rank_cos": -1, "doc_rank_bm25": -1, "doc_rank_cos_question": -1, "doc_rrf": +1}
+# Features constant over a document, left out of the relevance fit and fitted after it
+# on the out-of-fold logits (reranker/relevance_model.py, calibrate_documents): they move
+# a document's probabilities, never the order of its pages. Without them a filing's
+# pages ran high (memory dropout teaches that a page without memory is relevant as
+# often as a report's: cross-validated on the training split, filings' pools averaged
+# p 0.069 for a relevance rate of 0.050, ECE 0.020; 0.048 and 0.008 with it); inside the
+# fit they cost a financebench P@1 query (docs/BENCHMARKS.md sections 8f, 8h).
+CALIBRATION_FEATURES = ("doc_num_share",)
 # A page's own features: PAGE_FEATURE_NAMES, then the question memory's
 # (reranker/question_memory.py); the document features are derived from them.
 ROW_FEATURE_NAMES = PAGE_FEATURE_NAMES + MEMORY_FEATURE_NAMES
@@ -265,6 +277,7 @@ def document_features(page_features: np.ndarray) -> np.ndarray:
     out[:, 4] = bm25 / bm25.max() if bm25.max() > 0 else 0.0
     out[:, 5] = (cos - cos.mean()) / (cos.std() + 1e-6)
     out[:, 6] = np.log1p(_higher_count(cos_question))
+    out[:, 7] = page_features[:, PAGE_FEATURE_NAMES.index("num_share")].mean()
     return out
 
 

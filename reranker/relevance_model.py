@@ -16,7 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
-from evidentia.reranker.features import FEATURE_NAMES, FEATURE_SIGNS
+from evidentia.reranker.features import CALIBRATION_FEATURES, FEATURE_NAMES, FEATURE_SIGNS
 
 KIND = "features"
 
@@ -51,6 +51,13 @@ class FeatureModel:
     @classmethod
     def from_dict(cls, data: dict) -> "FeatureModel":
         names = tuple(data["names"])
+        missing = FEATURE_NAMES[len(names):]
+        if names == FEATURE_NAMES[:len(names)] and missing and set(missing) <= set(CALIBRATION_FEATURES):
+            # a model from before the document calibration: the same model, weight 0 on it
+            data = {**data, "names": list(FEATURE_NAMES), "mean": list(data["mean"]) + [0.0] * len(missing),
+                    "scale": list(data["scale"]) + [1.0] * len(missing),
+                    "weights": list(data["weights"]) + [0.0] * len(missing)}
+            names = FEATURE_NAMES
         if names != FEATURE_NAMES:
             raise FeatureModelError(f"the model was fitted on features {', '.join(names)}; this version computes "
                                     f"{', '.join(FEATURE_NAMES)}: retrain it with `evidentia train --kind features`")
@@ -76,7 +83,8 @@ def _targets(labels: Sequence[float]) -> tuple[np.ndarray, np.ndarray, np.ndarra
 def fit(features: np.ndarray, labels: Sequence[float], weights: Sequence[float] | None = None,
         regularisation: float = 1.0) -> FeatureModel:
     """L2-regularised logistic regression on standardised features, the weights of
-    FEATURE_SIGNS held to their sign. ``labels``: 0/1 or a probability of relevance;
+    FEATURE_SIGNS held to their sign and those of CALIBRATION_FEATURES at 0 (see
+    calibrate_documents). ``labels``: 0/1 or a probability of relevance;
     ``weights``: per-row weight (default 1)."""
     x = np.asarray(features, dtype=np.float64)
     if x.ndim != 2 or x.shape[1] != len(FEATURE_NAMES):
@@ -91,15 +99,83 @@ def fit(features: np.ndarray, labels: Sequence[float], weights: Sequence[float] 
     scale[scale == 0] = 1.0
     z = (x - mean) / scale
     coef, bias = _sign_constrained_logistic(z[rows], y.astype(np.float64), w, regularisation,
-                                            [FEATURE_SIGNS.get(n, 0) for n in FEATURE_NAMES])
+                                            [FEATURE_SIGNS.get(n, 0) for n in FEATURE_NAMES],
+                                            fixed=[n in CALIBRATION_FEATURES for n in FEATURE_NAMES])
     return FeatureModel(FEATURE_NAMES, mean.tolist(), scale.tolist(), coef.tolist(), bias)
 
 
+_CALIBRATION_COLUMNS = [FEATURE_NAMES.index(n) for n in CALIBRATION_FEATURES]
+
+
+@dataclass(frozen=True)
+class DocumentCalibration:
+    """logit' = a * logit + shift + doc_coef . (the page's CALIBRATION_FEATURES)."""
+
+    a: float
+    shift: float
+    doc_coef: tuple[float, ...]
+
+    @classmethod
+    def fit(cls, logits: np.ndarray, features: np.ndarray, labels: Sequence[float]) -> "DocumentCalibration":
+        x = np.asarray(features, dtype=np.float64)
+        rows, y, w = _targets(labels)
+        design = np.column_stack([np.asarray(logits, dtype=np.float64), x[:, _CALIBRATION_COLUMNS]])
+        # L2 at scikit-learn's default: nothing against thousands of pages, but a few
+        # separable ones (a small retrain) must not stretch the logit without bound
+        coef, shift = _sign_constrained_logistic(design[rows], y.astype(np.float64), w, 1.0,
+                                                 [+1] + [0] * len(_CALIBRATION_COLUMNS))
+        if coef[0] <= 0.0:  # the logit carries no signal here: leave it as it is
+            return cls(1.0, 0.0, (0.0,) * len(_CALIBRATION_COLUMNS))
+        return cls(float(coef[0]), float(shift), tuple(float(c) for c in coef[1:]))
+
+    def logits(self, logits: np.ndarray, features: np.ndarray) -> np.ndarray:
+        x = np.asarray(features, dtype=np.float64)
+        return self.a * np.asarray(logits, dtype=np.float64) + self.shift + x[:, _CALIBRATION_COLUMNS] @ np.asarray(
+            self.doc_coef)
+
+    def applied_to(self, model: FeatureModel) -> FeatureModel:
+        """The same model with the calibration folded into its weights: still one
+        logistic model over FEATURE_NAMES (`evidentia calibrate` rescales it as before)."""
+        weights = [self.a * v for v in model.weights]
+        bias = self.a * model.bias + self.shift
+        for j, c in zip(_CALIBRATION_COLUMNS, self.doc_coef):
+            weights[j] = c * model.scale[j]
+            bias += c * model.mean[j]
+        return FeatureModel(model.names, model.mean, model.scale, weights, bias, model.threshold, dict(model.extra))
+
+
+def calibrate_documents(model: FeatureModel, logits: np.ndarray, features: np.ndarray,
+                        labels: Sequence[float]) -> FeatureModel:
+    """The model with its logit refitted on out-of-fold ``logits`` (each page scored
+    by a model that never saw its document) together with CALIBRATION_FEATURES,
+    a > 0. The document features are constant over a document, so the order of its
+    pages stays; what moves is how probable a document's pages are (a filing's
+    against a report's)."""
+    return DocumentCalibration.fit(logits, features, labels).applied_to(model)
+
+
+def calibrated_out_of_fold(logits: np.ndarray, features: np.ndarray, labels: Sequence[float],
+                           groups: Sequence[str], folds: int = 5, seed: int = 0) -> np.ndarray:
+    """Probabilities of the out-of-fold ``logits`` after a document calibration
+    fitted on the other folds' pages: the calibration is judged on documents it
+    was not fitted on either."""
+    labels = np.asarray(labels, dtype=np.float64)
+    fold = fold_of_groups(groups, folds, seed)
+    out = np.zeros(len(logits))
+    for k in sorted(set(fold.tolist())):
+        test = fold == k
+        calibration = DocumentCalibration.fit(logits[~test], features[~test], labels[~test])
+        z = calibration.logits(logits[test], features[test])
+        out[test] = 1.0 / (1.0 + np.exp(-np.clip(z, -60, 60)))
+    return out
+
+
 def _sign_constrained_logistic(z: np.ndarray, y: np.ndarray, w: np.ndarray, c: float,
-                               signs: Sequence[int]) -> tuple[np.ndarray, float]:
+                               signs: Sequence[int], fixed: Sequence[bool] | None = None) -> tuple[np.ndarray, float]:
     """scikit-learn's LogisticRegression objective (C * weighted log-loss + |coef|^2 / 2,
-    intercept free), minimised by L-BFGS-B with coef_j >= 0 where signs[j] > 0 and
-    coef_j <= 0 where signs[j] < 0 (scikit-learn takes no bounds)."""
+    intercept free), minimised by L-BFGS-B with coef_j >= 0 where signs[j] > 0,
+    coef_j <= 0 where signs[j] < 0 and coef_j = 0 where fixed[j] (scikit-learn takes
+    no bounds)."""
     from scipy.optimize import minimize
 
     def objective(theta: np.ndarray) -> tuple[float, np.ndarray]:
@@ -110,7 +186,9 @@ def _sign_constrained_logistic(z: np.ndarray, y: np.ndarray, w: np.ndarray, c: f
         grad = np.concatenate([c * (z.T @ residual) + coef, [c * residual.sum()]])
         return c * loss + 0.5 * coef @ coef, grad
 
-    bounds = [(0.0, None) if s > 0 else (None, 0.0) if s < 0 else (None, None) for s in signs] + [(None, None)]
+    fixed = fixed or [False] * len(signs)
+    bounds = [(0.0, 0.0) if f else (0.0, None) if s > 0 else (None, 0.0) if s < 0 else (None, None)
+              for s, f in zip(signs, fixed)] + [(None, None)]
     result = minimize(objective, np.zeros(z.shape[1] + 1), jac=True, method="L-BFGS-B", bounds=bounds,
                       options={"maxiter": 5000, "gtol": 1e-8})
     return result.x[:-1], float(result.x[-1])
@@ -127,10 +205,10 @@ def fold_of_groups(groups: Sequence[str], folds: int = 5, seed: int = 0) -> np.n
 
 
 def out_of_fold(features: np.ndarray, labels: Sequence[float], groups: Sequence[str], weights=None,
-                folds: int = 5, regularisation: float = 1.0, seed: int = 0) -> np.ndarray:
-    """Each row's probability from a model fitted without its group (document):
-    held-out predictions on the training split, for the threshold and the
-    calibration check without touching the test split."""
+                folds: int = 5, regularisation: float = 1.0, seed: int = 0, logits: bool = False) -> np.ndarray:
+    """Each row's probability (or logit) from a model fitted without its group
+    (document): held-out predictions on the training split, for the threshold and
+    the calibration check without touching the test split."""
     x = np.asarray(features, dtype=np.float64)
     labels = np.asarray(labels, dtype=np.float64)
     fold = fold_of_groups(groups, folds, seed)
@@ -140,7 +218,7 @@ def out_of_fold(features: np.ndarray, labels: Sequence[float], groups: Sequence[
         test = fold == k
         train = ~test
         model = fit(x[train], labels[train], None if w is None else w[train], regularisation)
-        out[test] = model.probabilities(x[test])
+        out[test] = model.logits(x[test]) if logits else model.probabilities(x[test])
     return out
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from evidentia.records import Candidate
 from evidentia.retriever.query import build_query
-from evidentia.reranker.features import (DOCUMENT_FEATURE_NAMES, FEATURE_NAMES, FEATURE_SIGNS, PAGE_FEATURE_NAMES, ROW_FEATURE_NAMES,
+from evidentia.reranker.features import (CALIBRATION_FEATURES, DOCUMENT_FEATURE_NAMES, FEATURE_NAMES, FEATURE_SIGNS, PAGE_FEATURE_NAMES, ROW_FEATURE_NAMES,
                                          FeatureExtractor,
                                          TermStatistics, document_features, lexical_features, query_terms,
                                          stored_document_source, stored_vector_source, term_weight)
@@ -213,8 +213,9 @@ def test_fit_matches_scikit_learn_where_no_sign_binds():
     from sklearn.linear_model import LogisticRegression
 
     x, y = _toy(2000, seed=3)
-    free = [j for j, n in enumerate(FEATURE_NAMES) if n not in FEATURE_SIGNS]
-    x[:, [FEATURE_NAMES.index(n) for n in FEATURE_SIGNS]] = 0.0  # constant: no constraint can bind
+    bound = set(FEATURE_SIGNS) | set(CALIBRATION_FEATURES)
+    free = [j for j, n in enumerate(FEATURE_NAMES) if n not in bound]
+    x[:, [FEATURE_NAMES.index(n) for n in bound]] = 0.0  # constant: no constraint can bind
     m = fit(x, y, regularisation=0.5)
     z = (x - np.asarray(m.mean)) / np.asarray(m.scale)
     ref = LogisticRegression(C=0.5, max_iter=5000, tol=1e-10).fit(z[:, free], y)
@@ -244,6 +245,47 @@ def test_rank_weights_keep_their_sign_so_a_worse_rank_never_scores_higher():
     for name, sign in FEATURE_SIGNS.items():
         assert m.weights[FEATURE_NAMES.index(name)] * sign >= 0, name
     assert m.weights[0] > 0.1  # the other features are still learned
+
+
+def test_document_calibration_moves_a_document_never_the_order_of_its_pages():
+    from evidentia.reranker.relevance_model import calibrate_documents, calibrated_out_of_fold, out_of_fold
+
+    # two kinds of document with the same page evidence but different base rates
+    # (a filing's tables, a report's prose): one fit runs high on the first kind
+    rng = np.random.default_rng(5)
+    n = 6000
+    x = np.zeros((n, len(FEATURE_NAMES)))
+    x[:, 0] = rng.normal(size=n)
+    kind = np.arange(n) // 50 % 2  # documents of 50 pages, alternating kinds
+    column = FEATURE_NAMES.index(CALIBRATION_FEATURES[0])
+    x[:, column] = np.where(kind == 1, 0.4, 0.05)
+    y = (rng.random(n) < 1 / (1 + np.exp(-(2 * x[:, 0] - 1 - 2 * kind)))).astype(float)
+    groups = [f"d{i // 50}" for i in range(n)]
+    model = fit(x, y)
+    assert model.weights[column] == 0.0  # left out of the fit
+    high = kind == 1
+    assert model.probabilities(x[high]).mean() > y[high].mean() + 0.05  # the rare kind runs high
+    logits = out_of_fold(x, y, groups, logits=True)
+    calibrated = calibrate_documents(model, logits, x, y)
+    p = calibrated.probabilities(x)
+    for part in (high, ~high):
+        assert abs(p[part].mean() - y[part].mean()) < 0.02
+        # the order within a document is the model's: a document-wide shift and a > 0
+        first = np.flatnonzero(part)[:50]
+        assert list(np.argsort(p[first])) == list(np.argsort(model.probabilities(x[first])))
+    again = FeatureModel.from_dict(calibrated.to_dict())
+    np.testing.assert_allclose(again.probabilities(x), p)
+    oof = calibrated_out_of_fold(logits, x, y, groups)
+    assert abs(oof[high].mean() - y[high].mean()) < 0.03
+
+
+def test_a_model_from_before_the_document_calibration_still_loads():
+    x, y = _toy(500)
+    model = fit(x, y).to_dict()
+    old = {**model, "names": model["names"][:-len(CALIBRATION_FEATURES)],
+           **{k: model[k][:-len(CALIBRATION_FEATURES)] for k in ("mean", "scale", "weights")}}
+    x[:, [FEATURE_NAMES.index(n) for n in CALIBRATION_FEATURES]] = 123.0  # weight 0: no effect
+    np.testing.assert_allclose(FeatureModel.from_dict(old).probabilities(x), FeatureModel.from_dict(model).probabilities(x))
 
 
 def test_soft_labels_train_towards_their_probability():

@@ -12,8 +12,11 @@ training records (`evidentia dataset`): the CPU default of the classifier rerank
 3. a logistic regression is fitted on all records (soft labels where a record
    has one); every record with an answer is also trained without it (question-
    only queries), so the model is calibrated for both;
-4. out-of-fold predictions (folds by document: a page is scored by a model that
-   never saw its document) give the model's calibration and AUROC on unseen
+4. out-of-fold logits (folds by document: a page is scored by a model that never
+   saw its document) refit the logit together with features constant over a
+   document (``CALIBRATION_FEATURES``: a filing's pages and a report's on one
+   scale, the order within a document unchanged); calibrated the same way without
+   their own fold, they give the model's calibration and AUROC on unseen
    documents, and the default threshold: the highest t keeping >= 90 % of the
    unthresholded R@3 of each query's pages, in 80 % of resamples of the queries,
    while returning at most half of them.
@@ -37,8 +40,8 @@ import numpy as np
 from evidentia.reranker.classifier_model import ModelMetadata
 from evidentia.reranker.features import FEATURE_NAMES, FeatureExtractor, TermStatistics
 from evidentia.reranker.question_memory import MEMORY_FEATURE_NAMES, QuestionMemory
-from evidentia.reranker.relevance_model import (KIND, FeatureModelError, choose_threshold, fit, fold_of_groups,
-                                                out_of_fold)
+from evidentia.reranker.relevance_model import (KIND, FeatureModelError, calibrate_documents, calibrated_out_of_fold,
+                                                choose_threshold, fit, fold_of_groups, out_of_fold)
 from evidentia.training.dataset import TrainingRecord
 
 DEFAULT_EMBEDDER = "all-MiniLM-L6-v2"
@@ -157,7 +160,12 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
                                 "similarity": memory.similarity},
                      "feature_seconds": round(time.perf_counter() - t0, 1)}
     if len(set(groups)) >= 2:
-        oof = out_of_fold(x, labels, groups, regularisation=regularisation, seed=seed)
+        oof_logits = out_of_fold(x, labels, groups, regularisation=regularisation, seed=seed, logits=True)
+        # a filing's pages and a report's on one scale (CALIBRATION_FEATURES), judged
+        # out of fold twice over: logits of models without the page's document, a
+        # calibration fitted without it
+        model = calibrate_documents(model, oof_logits, x, labels)
+        oof = calibrated_out_of_fold(oof_logits, x, labels, groups, seed=seed)
         metrics["out_of_fold"] = _oof_metrics(oof, hard)
         pools: dict[tuple[str, str], list[int]] = defaultdict(list)
         answered = any(r.answer.strip() for r in records)
