@@ -124,6 +124,23 @@ def test_gate_rules():
     assert not rt.gate(S(None, None, None, 0), S(None, None, None, 0)).promote
 
 
+def test_gate_tells_a_drop_from_the_noise_of_a_few_queries():
+    S = rt.ModelScore
+    # one page lost in one of 10 queries: within the noise of 10 queries
+    prod = (1 / 3,) * 10
+    one_page = (0.0,) + (1 / 3,) * 9
+    noisy = rt.gate(S(sum(one_page) / 10, 0.5, 0.10, 10, one_page), S(1 / 3, 0.5, 0.10, 10, prod))
+    assert noisy.promote and "within their noise" in noisy.reason
+    # a page lost in 6 of 10 queries, none gained: a drop
+    six = (0.0,) * 6 + (1 / 3,) * 4
+    worse = rt.gate(S(sum(six) / 10, 0.5, 0.10, 10, six), S(1 / 3, 0.5, 0.10, 10, prod))
+    assert not worse.promote and "P@3 would drop" in worse.reason and "resamples" in worse.reason
+    assert rt.drop_confidence(six, prod) > 0.99 and 0.5 < rt.drop_confidence(one_page, prod) < 0.9
+    # the ECE rule still applies to a candidate within the noise
+    hot = rt.gate(S(sum(one_page) / 10, 0.5, 0.30, 10, one_page), S(1 / 3, 0.5, 0.10, 10, prod))
+    assert not hot.promote and "ECE would worsen" in hot.reason
+
+
 # -- a whole round ------------------------------------------------------------
 def _feedback_world(tmp_path: Path, n_docs: int = 8):
     """Documents whose page 1 is about emissions (relevant) and pages 2-3 are not;
@@ -152,14 +169,42 @@ def _load(path):
     return ClassifierReranker(path, threshold=None)
 
 
+def test_retrain_judges_candidates_behind_the_stage_the_reranker_sits_behind(tmp_path, monkeypatch):
+    """Negatives, pool calibration and the gate's pools come from EVIDENTIA_STAGE
+    (hybrid by default), not always BM25; documents without vectors fall back to BM25."""
+    from evidentia.training import dataset
+
+    backend, _detector, verdicts, base = _feedback_world(tmp_path, n_docs=4)
+    asked = []
+    real = dataset.first_stage_pool
+
+    def spy(engine, question, answer, doc_ids, stage, pool_size=20):
+        asked.append(stage)
+        return real(engine, question, answer, doc_ids, stage, pool_size)
+
+    monkeypatch.setattr(dataset, "first_stage_pool", spy)
+    monkeypatch.setattr(rt, "first_stage_pool", spy)
+    engine = Engine(Settings(), backend=backend)  # dense on: the default stage is hybrid
+    data = rt.build_training_set(verdicts, base, engine, held_out_fraction=0.5, stage=str(engine.settings.stage))
+    assert asked and set(asked) == {"hybrid"}
+    # this index holds no page vectors: the pools are BM25's, and the negatives are drawn from them
+    assert any(r.relevance == 0 and r.source == "queries" for r in data.train_records)
+    asked.clear()
+    from evidentia.reranker.base import NoReranker
+
+    score = rt.evaluate_model(NoReranker(), data.train_queries, engine, stage="hybrid")
+    assert set(asked) == {"hybrid"} and score.queries == len(data.train_queries) > 0 and score.p_at_3 > 0
+
+
 def test_retrain_round_registers_and_gates(tmp_path, tiny):
     base_dir, trained, _ = tiny
     backend, detector, verdicts, base = _feedback_world(tmp_path)
     reg = ModelRegistry(tmp_path / "models")
     reg.promote(reg.register(copy_model(trained, tmp_path / "prod")).version)
     params = TrainParams(max_steps=6, learning_rate=1e-2, warmup_ratio=0.0, eval_fraction=0.3)
-    result = rt.retrain(verdicts, base, Engine(Settings(), backend=backend), reg, str(base_dir), _load, params=params,
-                        held_out_fraction=0.5, log=lambda m: None)
+    # an index without page vectors: the reranker sits behind BM25 (EVIDENTIA_DENSE=off)
+    result = rt.retrain(verdicts, base, Engine(Settings(dense=False), backend=backend), reg, str(base_dir), _load,
+                        params=params, held_out_fraction=0.5, log=lambda m: None)
     assert result.version == "v0002" and result.held_out_queries >= 1
     entry = reg.get("v0002")
     assert entry.metrics["held_out"]["queries"] == result.held_out_queries
@@ -172,8 +217,12 @@ def test_retrain_round_registers_and_gates(tmp_path, tiny):
     expected = "v0002" if result.decision.promote else "v0001"
     assert reg.production().version == expected
     c, p = result.decision.candidate, result.decision.production
-    assert result.decision.promote == (c["P@3"] >= p["P@3"] and (c["ECE"] is None or p["ECE"] is None
-                                                                  or c["ECE"] <= p["ECE"] + 0.02))
+    # the decision is the gate's on the two scores (test_gate_rules: its rules)
+    assert result.decision.promote == ("candidate promoted" in result.decision.reason)
+    assert (c["P@3"] >= p["P@3"] or "within their noise" in result.decision.reason) if result.decision.promote \
+        else ("would drop" in result.decision.reason or "would worsen" in result.decision.reason)
+    assert result.decision.promote == (c["ECE"] is None or p["ECE"] is None or c["ECE"] <= p["ECE"] + 0.02) \
+        or "would drop" in result.decision.reason
 
 
 def test_failed_retraining_changes_nothing(tmp_path, tiny, monkeypatch):

@@ -59,6 +59,18 @@ class DatasetError(ValueError):
 DEFAULT_DOCUMENT_NEGATIVES = 20
 
 
+def first_stage_pool(engine: "Engine", question: str, answer: str, doc_ids, stage: str, pool_size: int = 20):
+    """The ``stage`` pool of a query; BM25's where a document has no page vectors
+    (indexed with dense retrieval off), as the engine's default stage falls back."""
+    from evidentia.retriever.base import MissingVectorsError
+
+    query = engine.query(question, answer)
+    try:
+        return engine.retrieve(query, doc_ids, stage, pool_size)
+    except MissingVectorsError:
+        return engine.retrieve(query, doc_ids, "bm25", pool_size)
+
+
 def records_from_queries(queries: Iterable, engine: "Engine", negatives_per_query: int = 8,
                          pool_size: int = 20, stage: str = "bm25",
                          document_negatives: int = DEFAULT_DOCUMENT_NEGATIVES, seed: int = 0) -> Iterator[TrainingRecord]:
@@ -75,7 +87,7 @@ def records_from_queries(queries: Iterable, engine: "Engine", negatives_per_quer
             if p is not None and p.text:
                 yield TrainingRecord(q.question, q.answer, p.text, 1, doc_id, page, "queries")
         taken = 0
-        for c in engine.retrieve(engine.query(q.question, q.answer), q.doc_ids, stage, pool_size):
+        for c in first_stage_pool(engine, q.question, q.answer, q.doc_ids, stage, pool_size):
             seen.add((c.doc_id, c.page))
             if taken >= negatives_per_query:
                 continue  # still seen: a document negative is a page the pool did not hold
