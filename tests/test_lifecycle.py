@@ -109,7 +109,7 @@ def test_held_out_split_is_stable_and_never_leaks(tmp_path):
     assert data.held_out_docs and data.held_out_queries
     assert not {r.doc_id for r in data.train_records} & data.held_out_docs
     assert all(not set(q.doc_ids) & data.held_out_docs for q in data.train_queries)
-    # explicit negative verdicts and BM25 hard negatives are both there
+    # explicit negative verdicts and the pool's hard negatives are both there
     assert {r.source for r in data.train_records} >= {"queries", "feedback", "base"}
 
 

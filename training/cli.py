@@ -37,7 +37,7 @@ def dataset_command(
                                              help="Folder for train_queries.jsonl and heldout_queries.jsonl."),
     seed: int = typer.Option(0, "--seed"),
 ):
-    """Build classifier training records: relevant pages and BM25 hard negatives from labelled
+    """Build classifier training records: relevant pages and hard negatives (the --stage pool) from labelled
     queries, and ClimRetrieve passages. Held-out queries never contribute a record."""
     from evidentia.config import STAGES
     from evidentia.console import EXIT_BAD_INPUT, Context, fail

@@ -8,14 +8,16 @@ One round:
    the same in every round and a held-out document never reaches training, not
    even through the base training data;
 3. training set = base records (held-out documents removed) + the training
-   queries' verdicts + BM25 hard negatives and random other pages of their
+   queries' verdicts + hard negatives from the pools of the first stage the
+   reranker sits behind (EVIDENTIA_STAGE) and random other pages of their
    documents (dataset.DEFAULT_DOCUMENT_NEGATIVES) for each of them; duplicates removed;
-4. a candidate is trained, its calibration refitted on the training queries'
-   BM25 pools (margin and place in the pool), and registered; candidate and production model are
-   evaluated on the held-out queries with the evaluation metrics (P@3 over the
-   BM25 pool, ECE over its labelled pages);
-5. the candidate is promoted only if P@3 does not drop and ECE does not worsen
-   by more than ``ece_margin``; otherwise production stays and the reason is given.
+4. a candidate is trained (a LoRA one has its calibration refitted on the training
+   queries' pools: margin and place in the pool) and registered; candidate and
+   production model are evaluated on the held-out queries with the evaluation
+   metrics (P@3 over the pool, ECE over its labelled pages);
+5. the candidate is promoted unless the held-out queries show it worse: P@3 lower
+   in at least GATE_DROP_CONFIDENCE of paired resamples of them, or ECE worse by
+   more than ``ece_margin``; otherwise production stays and the reason is given.
 """
 
 from __future__ import annotations
