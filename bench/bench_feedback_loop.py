@@ -4,12 +4,13 @@ The documents are split in two halves by company (`evidentia dataset
 --holdout-fraction 0.5 --split-by company --split-out DIR` writes the two query
 files). The relevant pages of the first half's queries arrive as analyst
 feedback ("relevant" verdicts) in three batches; after each batch
-`training.retrain` runs one round exactly as `evidentia retrain` does (BM25 hard
-negatives added, a held-out split of the feedback documents for the promotion
-gate, registry, promotion). After each round the model in production is
+`training.retrain` runs one round exactly as `evidentia retrain` does (hard
+negatives from the pools of the engine's stage added, a held-out split of the
+feedback documents for the promotion gate, registry, promotion). After each round
+the model in production, and the round's candidate whatever the gate decided, are
 evaluated on the other half's queries (never seen in any round): P@3 and R@3 of
-the BM25 pool reranked by the classifier, next to BM25 alone and to the model
-before any feedback (the default model, or --initial-model).
+the ``--stage`` pool reranked by the classifier, next to that stage alone and to the
+model before any feedback (the default model, or --initial-model).
 
 Each round trains a model of the initial model's kind (the shipped model: the
 features kind, fitted in seconds; a LoRA model: fine-tuned, minutes), on the
