@@ -136,6 +136,15 @@ def test_gate_tells_a_drop_from_the_noise_of_a_few_queries():
     worse = rt.gate(S(sum(six) / 10, 0.5, 0.10, 10, six), S(1 / 3, 0.5, 0.10, 10, prod))
     assert not worse.promote and "P@3 would drop" in worse.reason and "resamples" in worse.reason
     assert rt.drop_confidence(six, prod) > 0.99 and 0.5 < rt.drop_confidence(one_page, prod) < 0.9
+    # the split holds out documents: six lost pages on one of three documents are one
+    # piece of evidence (lower whenever that document is drawn: 70 % of resamples)
+    docs = ("a",) * 6 + ("b",) * 2 + ("c",) * 2
+    one_doc = S(sum(six) / 10, 0.5, 0.10, 10, six, docs)
+    clustered = rt.gate(one_doc, S(1 / 3, 0.5, 0.10, 10, prod, docs))
+    assert clustered.promote and "on 3 document(s): within their noise" in clustered.reason
+    assert 0.6 < rt.drop_confidence(six, prod, docs) < 0.8
+    spread = ("a", "b", "c", "d", "e", "f", "g", "g", "h", "h")  # the same losses on six documents
+    assert not rt.gate(S(sum(six) / 10, 0.5, 0.10, 10, six, spread), S(1 / 3, 0.5, 0.10, 10, prod, spread)).promote
     # the ECE rule still applies to a candidate within the noise
     hot = rt.gate(S(sum(one_page) / 10, 0.5, 0.30, 10, one_page), S(1 / 3, 0.5, 0.10, 10, prod))
     assert not hot.promote and "ECE would worsen" in hot.reason

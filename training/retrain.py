@@ -16,7 +16,7 @@ One round:
    production model are evaluated on the held-out queries with the evaluation
    metrics (P@3 over the pool, ECE over its labelled pages);
 5. the candidate is promoted unless the held-out queries show it worse: P@3 lower
-   in at least GATE_DROP_CONFIDENCE of paired resamples of them, or ECE worse by
+   in at least GATE_DROP_CONFIDENCE of paired resamples of their documents, or ECE worse by
    more than ``ece_margin``; otherwise production stays and the reason is given.
 """
 
@@ -124,6 +124,7 @@ class ModelScore:
     ece: float | None
     queries: int
     per_query_p3: tuple[float, ...] = ()  # P@3 of each held-out query, in the queries' order
+    query_documents: tuple[str, ...] = ()  # the document of each (the first, for a query over several)
 
     def as_dict(self) -> dict:
         return {"P@3": self.p_at_3, "R@3": self.r_at_3, "ECE": self.ece, "queries": self.queries}
@@ -148,7 +149,8 @@ def evaluate_model(reranker, queries: Sequence[EvalQuery], engine: "Engine", poo
                 labels.append(int((p.doc_id, p.page) in q.relevant))
     mean = lambda xs: round(sum(xs) / len(xs), 4) if xs else None  # noqa: E731
     ece = expected_calibration_error(probs, labels) if probs else None
-    return ModelScore(mean(p3), mean(r3), round(ece, 4) if ece is not None else None, len(queries), tuple(p3))
+    return ModelScore(mean(p3), mean(r3), round(ece, 4) if ece is not None else None, len(queries), tuple(p3),
+                      tuple(sorted(q.doc_ids)[0] if q.doc_ids else q.id for q in queries))
 
 
 @dataclass
@@ -160,7 +162,7 @@ class GateDecision:
 
 
 # How sure a drop of P@3 on the held-out queries must be to keep production: the share
-# of paired resamples of those queries in which the candidate is lower. The held-out
+# of paired resamples of their documents in which the candidate is lower. The held-out
 # split is a few documents' queries (10-14 in docs/BENCHMARKS.md section 6b), where one
 # page is a drop of 0.02-0.03: blocking on any drop turned down every features candidate
 # of the simulated feedback loop, each 0.07-0.09 of P@3 better than production on 27
@@ -169,23 +171,33 @@ GATE_DROP_CONFIDENCE = 0.9
 _GATE_RESAMPLES = 2000
 
 
-def drop_confidence(candidate: Sequence[float], production: Sequence[float], seed: int = 0) -> float:
-    """Share of paired bootstrap resamples of the queries with the candidate's mean
-    below production's (seeded: the same answer every round)."""
+def drop_confidence(candidate: Sequence[float], production: Sequence[float], documents: Sequence[str] = (),
+                    seed: int = 0) -> float:
+    """Share of paired bootstrap resamples with the candidate's mean below
+    production's (seeded: the same answer every round). With ``documents`` (one per
+    query) whole documents are resampled, as the split holds out documents: ten
+    queries on three documents are three pieces of evidence, not ten."""
     import random
 
     rng = random.Random(seed)
     diffs = [c - p for c, p in zip(candidate, production)]
-    n = len(diffs)
-    lower = sum(sum(diffs[rng.randrange(n)] for _ in range(n)) < -1e-9 for _ in range(_GATE_RESAMPLES))
+    groups: dict[str, list[float]] = defaultdict(list)
+    for i, d in enumerate(diffs):
+        groups[documents[i] if len(documents) == len(diffs) else str(i)].append(d)
+    clusters = [(sum(v), len(v)) for v in groups.values()]
+    n = len(clusters)
+    lower = 0
+    for _ in range(_GATE_RESAMPLES):
+        drawn = [clusters[rng.randrange(n)] for _ in range(n)]
+        lower += sum(t for t, _ in drawn) < -1e-9
     return lower / _GATE_RESAMPLES
 
 
 def gate(candidate: ModelScore, production: ModelScore, ece_margin: float = 0.02,
          drop_confidence_needed: float = GATE_DROP_CONFIDENCE) -> GateDecision:
     """Promote unless the held-out queries show the candidate worse: P@3 lower in at
-    least ``drop_confidence_needed`` of paired resamples (any drop, without per-query
-    scores), or ECE worse by more than ``ece_margin``."""
+    least ``drop_confidence_needed`` of paired resamples of their documents (any drop,
+    without per-query scores), or ECE worse by more than ``ece_margin``."""
     if candidate.queries == 0:
         return GateDecision(False, "no held-out feedback query to evaluate on: production kept",
                             candidate.as_dict(), production.as_dict())
@@ -193,12 +205,15 @@ def gate(candidate: ModelScore, production: ModelScore, ece_margin: float = 0.02
     noise = ""
     if cp + 1e-9 < pp:
         paired = len(candidate.per_query_p3) == len(production.per_query_p3) == candidate.queries
-        sure = drop_confidence(candidate.per_query_p3, production.per_query_p3) if paired else 1.0
+        documents = candidate.query_documents if candidate.query_documents == production.query_documents else ()
+        sure = drop_confidence(candidate.per_query_p3, production.per_query_p3, documents) if paired else 1.0
+        sample = (f"{candidate.queries} held-out queries" +
+                  (f" on {len(set(documents))} document(s)" if documents else ""))
         if sure >= drop_confidence_needed:
             return GateDecision(False, f"P@3 would drop from {pp:.3f} to {cp:.3f}" +
-                                (f" (lower in {sure:.0%} of resamples of the {candidate.queries} held-out queries)"
-                                 if paired else "") + ": production kept", candidate.as_dict(), production.as_dict())
-        noise = f" (lower in {sure:.0%} of resamples of {candidate.queries} queries: within their noise)"
+                                (f" (lower in {sure:.0%} of resamples of the {sample})" if paired else "") +
+                                ": production kept", candidate.as_dict(), production.as_dict())
+        noise = f" (lower in {sure:.0%} of resamples of the {sample}: within their noise)"
     ce, pe = candidate.ece, production.ece
     if ce is not None and pe is not None and ce > pe + ece_margin:
         return GateDecision(False, f"ECE would worsen from {pe:.3f} to {ce:.3f} (margin {ece_margin}): production kept",
