@@ -83,12 +83,13 @@ def main() -> int:
         reranker.attach_backend(engine.backend)  # as the engine does: stored vectors, whole documents
         return reranker
 
-    kind = load(None).kind
+    initial = load(None)
+    kind = initial.kind
     print(f"initial model: {args.initial_model} ({kind}); {len(base_records)} base records; {args.stage} pools",
           flush=True)
 
     rows = [{"round": f"{args.stage} alone", **evaluate(NoReranker(), eval_qs, engine, pools)}]
-    rows.append({"round": "before feedback", **evaluate(load(None), eval_qs, engine, pools)})
+    rows.append({"round": "before feedback", **evaluate(initial, eval_qs, engine, pools)})
     print(json.dumps(rows[-2:]), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         registry = ModelRegistry(Path(tmp) / "models")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from evidentia.reranker.relevance_model import choose_threshold
+from evidentia.reranker.relevance_model import choose_threshold, recall_at_thresholds
 
 
 def pools_of(run_file: Path, queries_file: Path, config: str) -> list[tuple[list[float], list[int]]]:
@@ -41,15 +41,9 @@ def pools_of(run_file: Path, queries_file: Path, config: str) -> list[tuple[list
 
 
 def kept_and_share(pools, t: float, k: int = 3) -> tuple[float, float]:
-    full, at_t, returned, total = [], [], 0, 0
-    for probs, labels in pools:
-        order = sorted(range(len(probs)), key=lambda i: -probs[i])
-        if sum(labels):
-            full.append(sum(labels[i] for i in order[:k]) / sum(labels))
-            at_t.append(sum(labels[i] for i in [i for i in order if probs[i] >= t][:k]) / sum(labels))
-        returned += sum(p >= t for p in probs)
-        total += len(probs)
-    return (sum(at_t) / sum(full) if sum(full) else 1.0), returned / total
+    """Share of the unthresholded R@k that t keeps, and of the pool pages it returns."""
+    recall, share = recall_at_thresholds(pools, [0.0, t], k)
+    return (recall[1].sum() / recall[0].sum() if recall[0].sum() else 1.0), float(share[1])
 
 
 def main() -> None:

@@ -309,6 +309,15 @@ class Engine:
         """The first-stage pool, best first, at most ``pool_size`` pages."""
         return self.first_stage(stage).retrieve(query, doc_ids, pool_size, timings)
 
+    def retrieve_or_bm25(self, query: Query, doc_ids: Sequence[str], stage: str, pool_size: int,
+                         timings: dict[str, float] | None = None) -> tuple[list[Candidate], tuple[str, ...]]:
+        """The ``stage`` pool, or BM25's when a document has no page vectors (indexed
+        with dense retrieval off); with the ids of those documents."""
+        try:
+            return self.retrieve(query, doc_ids, stage, pool_size, timings), ()
+        except MissingVectorsError as exc:
+            return self.retrieve(query, doc_ids, "bm25", pool_size, timings), tuple(exc.doc_ids)
+
     def reranker(self, config: RunConfig) -> Reranker:
         """The loaded reranker of ``config`` (created once, then shared)."""
         return self.rerankers.get(config.reranker, config.threshold)
@@ -324,13 +333,10 @@ class Engine:
         reranker = reranker if reranker is not None else self.reranker(config)
         t1 = time.perf_counter()
         without: tuple[str, ...] = ()
-        try:
+        if config.bm25_fallback:
+            candidates, without = self.retrieve_or_bm25(query, doc_ids, config.stage, config.pool_size, timings)
+        else:
             candidates = self.retrieve(query, doc_ids, config.stage, config.pool_size, timings)
-        except MissingVectorsError as exc:
-            if not config.bm25_fallback:
-                raise
-            without = tuple(exc.doc_ids)
-            candidates = self.retrieve(query, doc_ids, "bm25", config.pool_size, timings)
         t2 = time.perf_counter()
         with self.rerankers.gate(reranker, deadline) as waited:
             if deadline is not None and time.monotonic() > deadline:

@@ -241,6 +241,28 @@ THRESHOLD_CONFIDENCE = 0.8
 _THRESHOLD_RESAMPLES = 1000
 
 
+def recall_at_thresholds(pools: Sequence[tuple[Sequence[float], Sequence[int]]], thresholds: Sequence[float],
+                         k: int = 3) -> tuple[np.ndarray, np.ndarray]:
+    """R@k of each query with a relevant page (columns) when pages below each
+    threshold (rows) are dropped, and the share of all pool pages each keeps.
+    ``pools``: (probabilities, 0/1 labels) per query."""
+    recall = np.zeros((len(thresholds), len(pools)))
+    kept_pages = np.zeros(len(thresholds))
+    has_relevant = np.zeros(len(pools), dtype=bool)
+    total = 0
+    for q, (probs, labels) in enumerate(pools):
+        order = sorted(range(len(probs)), key=lambda i: -probs[i])
+        relevant = sum(labels)
+        has_relevant[q] = relevant > 0
+        total += len(probs)
+        for j, t in enumerate(thresholds):
+            top = [i for i in order if probs[i] >= t][:k]
+            if relevant:
+                recall[j, q] = sum(labels[i] for i in top) / relevant
+            kept_pages[j] += sum(1 for p in probs if p >= t)
+    return recall[:, has_relevant], (kept_pages / total if total else np.zeros(len(thresholds)))
+
+
 def choose_threshold(pools: Sequence[tuple[Sequence[float], Sequence[int]]], min_recall_kept: float = 0.9,
                      max_pool_share: float = 0.5, k: int = 3, confidence: float | None = THRESHOLD_CONFIDENCE,
                      seed: int = 0) -> ThresholdChoice:
@@ -252,23 +274,8 @@ def choose_threshold(pools: Sequence[tuple[Sequence[float], Sequence[int]]], min
     keeps the evidence of queries like these, not only of these; None: on the
     pools as given."""
     grid = [round(x, 3) for x in np.arange(0.0, 0.501, 0.005)]
-    recall = np.zeros((len(grid), len(pools)))  # R@k of each query at each t
-    kept_pages = np.zeros(len(grid))
-    has_relevant = np.zeros(len(pools), dtype=bool)
-    total = 0
-    for q, (probs, labels) in enumerate(pools):
-        order = sorted(range(len(probs)), key=lambda i: -probs[i])
-        relevant = sum(labels)
-        has_relevant[q] = relevant > 0
-        total += len(probs)
-        for j, t in enumerate(grid):
-            top = [i for i in order if probs[i] >= t][:k]
-            if relevant:
-                recall[j, q] = sum(labels[i] for i in top) / relevant
-            kept_pages[j] += sum(1 for p in probs if p >= t)
-    recall = recall[:, has_relevant]
+    recall, share = recall_at_thresholds(pools, grid, k)
     base = recall[0].mean() if recall.shape[1] else 0.0
-    share = kept_pages / total if total else np.zeros(len(grid))
     resampled = None
     if confidence is not None and recall.shape[1]:
         rng = np.random.default_rng(seed)

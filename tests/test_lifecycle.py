@@ -187,9 +187,9 @@ def test_retrain_judges_candidates_behind_the_stage_the_reranker_sits_behind(tmp
     asked = []
     real = dataset.first_stage_pool
 
-    def spy(engine, question, answer, doc_ids, stage, pool_size=20):
+    def spy(engine, query, doc_ids, stage, pool_size=20):
         asked.append(stage)
-        return real(engine, question, answer, doc_ids, stage, pool_size)
+        return real(engine, query, doc_ids, stage, pool_size)
 
     monkeypatch.setattr(dataset, "first_stage_pool", spy)
     monkeypatch.setattr(rt, "first_stage_pool", spy)

@@ -59,16 +59,15 @@ class DatasetError(ValueError):
 DEFAULT_DOCUMENT_NEGATIVES = 20
 
 
-def first_stage_pool(engine: "Engine", question: str, answer: str, doc_ids, stage: str, pool_size: int = 20):
+def first_stage_pool(engine: "Engine", query, doc_ids, stage: str, pool_size: int = 20):
     """The ``stage`` pool of a query; BM25's where a document has no page vectors
     (indexed with dense retrieval off), as the engine's default stage falls back."""
-    from evidentia.retriever.base import MissingVectorsError
+    return engine.retrieve_or_bm25(query, doc_ids, stage, pool_size)[0]
 
-    query = engine.query(question, answer)
-    try:
-        return engine.retrieve(query, doc_ids, stage, pool_size)
-    except MissingVectorsError:
-        return engine.retrieve(query, doc_ids, "bm25", pool_size)
+
+def stable_share(key: str) -> float:
+    """A number in [0, 1) fixed by ``key`` (its sha256): the same split every run."""
+    return int.from_bytes(hashlib.sha256(key.encode("utf-8")).digest()[:8], "big") / 2.0 ** 64
 
 
 def records_from_queries(queries: Iterable, engine: "Engine", negatives_per_query: int = 8,
@@ -87,7 +86,7 @@ def records_from_queries(queries: Iterable, engine: "Engine", negatives_per_quer
             if p is not None and p.text:
                 yield TrainingRecord(q.question, q.answer, p.text, 1, doc_id, page, "queries")
         taken = 0
-        for c in first_stage_pool(engine, q.question, q.answer, q.doc_ids, stage, pool_size):
+        for c in first_stage_pool(engine, engine.query(q.question, q.answer), q.doc_ids, stage, pool_size):
             seen.add((c.doc_id, c.page))
             if taken >= negatives_per_query:
                 continue  # still seen: a document negative is a page the pool did not hold

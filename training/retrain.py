@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from evidentia.evaluation.metrics import expected_calibration_error, precision_at_k, recall_at_k
 from evidentia.evaluation.queries import EvalQuery
-from evidentia.training.dataset import TrainingRecord, dedupe, first_stage_pool, records_from_queries, write_records
+from evidentia.training.dataset import (TrainingRecord, dedupe, first_stage_pool, records_from_queries, stable_share,
+                                        write_records)
 from evidentia.reranker.model_registry import ModelRegistry
 from evidentia.training.train import TrainParams, train
 
@@ -64,8 +65,7 @@ def resolve_verdicts(verdicts: Iterable[Verdict]) -> dict[tuple[str, str, str, i
 
 def held_out_document(doc_id: str, fraction: float, seed: int = 0) -> bool:
     """Stable per document: the same answer in every round, whatever else changes."""
-    digest = hashlib.sha256(f"heldout:{seed}:{doc_id}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64 < fraction
+    return stable_share(f"heldout:{seed}:{doc_id}") < fraction
 
 
 def verdict_queries(resolved: dict[tuple[str, str, str, int], bool]) -> list[EvalQuery]:
@@ -136,8 +136,7 @@ def evaluate_model(reranker, queries: Sequence[EvalQuery], engine: "Engine", poo
     p3, r3, probs, labels = [], [], [], []
     for q in queries:
         query = engine.query(q.question, q.answer)
-        pages = reranker.rerank(query, first_stage_pool(engine, q.question, q.answer, q.doc_ids, stage,
-                                                        pool_size)).pages
+        pages = reranker.rerank(query, first_stage_pool(engine, query, q.doc_ids, stage, pool_size)).pages
         ranking = [(p.doc_id, p.page) for p in pages]
         p3.append(precision_at_k(ranking, q.relevant, 3))
         r = recall_at_k(ranking, q.relevant, 3)
@@ -181,15 +180,12 @@ def drop_confidence(candidate: Sequence[float], production: Sequence[float], doc
 
     rng = random.Random(seed)
     diffs = [c - p for c, p in zip(candidate, production)]
-    groups: dict[str, list[float]] = defaultdict(list)
+    by_document: dict[str, float] = defaultdict(float)  # the summed difference of each document's queries
     for i, d in enumerate(diffs):
-        groups[documents[i] if len(documents) == len(diffs) else str(i)].append(d)
-    clusters = [(sum(v), len(v)) for v in groups.values()]
-    n = len(clusters)
-    lower = 0
-    for _ in range(_GATE_RESAMPLES):
-        drawn = [clusters[rng.randrange(n)] for _ in range(n)]
-        lower += sum(t for t, _ in drawn) < -1e-9
+        by_document[documents[i] if len(documents) == len(diffs) else str(i)] += d
+    totals = list(by_document.values())
+    n = len(totals)
+    lower = sum(sum(totals[rng.randrange(n)] for _ in range(n)) < -1e-9 for _ in range(_GATE_RESAMPLES))
     return lower / _GATE_RESAMPLES
 
 
@@ -235,7 +231,8 @@ def calibrate_on_pools(candidate, model_dir: Path, queries: Sequence[EvalQuery],
 
     if not queries:
         return
-    pools = [(q, first_stage_pool(engine, q.question, q.answer, q.doc_ids, stage, pool_size)) for q in queries]
+    pools = [(q, first_stage_pool(engine, engine.query(q.question, q.answer), q.doc_ids, stage, pool_size))
+             for q in queries]
     try:
         result = calibrate(model_dir, score_pools(candidate, pools), [stage], "feedback")
     except CalibrationError as exc:

@@ -26,7 +26,6 @@ Seconds of CPU apart from the bi-encoder (pages are embedded once, then cached).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from collections import defaultdict
@@ -42,7 +41,7 @@ from evidentia.reranker.features import FEATURE_NAMES, FeatureExtractor, TermSta
 from evidentia.reranker.question_memory import MEMORY_FEATURE_NAMES, QuestionMemory
 from evidentia.reranker.relevance_model import (KIND, FeatureModelError, calibrate_documents, calibrated_out_of_fold,
                                                 choose_threshold, fit, fold_of_groups, out_of_fold)
-from evidentia.training.dataset import TrainingRecord
+from evidentia.training.dataset import TrainingRecord, stable_share
 
 DEFAULT_EMBEDDER = "all-MiniLM-L6-v2"
 # The inverse L2 strength of the logistic regression, chosen by 5-fold cross-validation
@@ -206,11 +205,7 @@ def _memory_dropped(records: Sequence[TrainingRecord], share: float, seed: int) 
     """Rows whose (question, document) falls in the ``share`` trained without memory:
     a seeded hash, so the same rows every run, and a question's records with and
     without their answer go together."""
-    def bucket(r: TrainingRecord) -> float:
-        digest = hashlib.sha256(f"{seed}:{r.question}:{r.doc_id}".encode("utf-8")).digest()
-        return int.from_bytes(digest[:8], "big") / 2.0 ** 64
-
-    return np.asarray([bucket(r) < share for r in records], dtype=bool)
+    return np.asarray([stable_share(f"{seed}:{r.question}:{r.doc_id}") < share for r in records], dtype=bool)
 
 
 def _oof_metrics(probs: np.ndarray, labels: np.ndarray) -> dict:
