@@ -31,13 +31,10 @@ import numpy as np
 
 from evidentia.evaluation.climretrieve import held_out_reports, labelled_pairs, load_reports, load_split
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from climretrieve_pairs import auroc  # noqa: E402
+
 DATA = Path(__file__).resolve().parents[2] / "shared/data"
-
-
-def auroc(scores, labels) -> float:
-    from sklearn.metrics import roc_auc_score
-
-    return round(float(roc_auc_score(labels, scores)), 4)
 
 
 def is_development(question: str) -> bool:
@@ -81,8 +78,9 @@ def main() -> int:
         model.train()
         return np.array(out)
 
+    dev_questions, dev_texts = [r["question"] for r in dev], [r["text"] for r in dev]
     dev_labels = np.array([int(r["relevant"]) for r in dev])
-    dev_auroc = [auroc(logits([r["question"] for r in dev], [r["text"] for r in dev], args.max_length), dev_labels)]
+    dev_auroc = [auroc(logits(dev_questions, dev_texts, args.max_length), dev_labels)]
     print(f"relevance-general: {len(train)} training pairs, {len(dev)} development pairs "
           f"({len({r['question'] for r in dev})} questions); AUROC before training {dev_auroc[0]}", flush=True)
 
@@ -111,8 +109,7 @@ def main() -> int:
             step += 1
             if step % 50 == 0:
                 print(f"step {step}/{steps} loss {loss.item():.3f} ({time.time() - t0:.0f} s)", flush=True)
-        dev_auroc.append(auroc(logits([r["question"] for r in dev], [r["text"] for r in dev], args.max_length),
-                               dev_labels))
+        dev_auroc.append(auroc(logits(dev_questions, dev_texts, args.max_length), dev_labels))
         print(f"epoch {epoch + 1}: development AUROC {dev_auroc[-1]}", flush=True)
     if args.out:
         model.save_pretrained(args.out)
@@ -125,7 +122,7 @@ def main() -> int:
         t = encoder.encode(texts, normalize_embeddings=True, batch_size=64)
         return (q * t).sum(1)
 
-    dev_cosine = auroc(cosine([r["question"] for r in dev], [r["text"] for r in dev]), dev_labels)
+    dev_cosine = auroc(cosine(dev_questions, dev_texts), dev_labels)
 
     reports = load_reports(args.data / "climretrieve-train/passages.jsonl")
     training_reports = {r.name for r in reports} - held_out_reports(load_split())
