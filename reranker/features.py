@@ -13,7 +13,8 @@ same features - and the same probability - whatever pool it comes in.
   normalisation) and of adjacent keyword pairs (phrases);
 - the answer's figures found on the page (numbers normalised as at index time);
 - the page's length and share of numeric tokens (tables vs prose);
-- whether the page is titled as the financial statement the question names
+- whether the page is titled as the financial statement the question names, or as
+  one whose face prints a line item the question asks about
   ("balance sheet" against "Consolidated Statements of Financial Position");
 - what the model remembers of the same question asked before (the pages judged
   for it in training: ``reranker/question_memory.py``);
@@ -43,7 +44,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import numpy as np
 
 from evidentia.reranker.question_memory import MEMORY_FEATURE_NAMES, MemoryMatch, QuestionMemory
-from evidentia.reranker.statements import named_statements, titled_statements
+from evidentia.reranker.statements import item_statements, named_statements, titled_statements
 from evidentia.text import keywords, normalise_numbers, tokens
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -69,6 +70,7 @@ PAGE_FEATURE_NAMES = (
     "log_len",          # ln(1 + page tokens)
     "num_share",        # share of numeric tokens on the page
     "statement_title",  # 1 when the question names a financial statement and the page is titled as it (reranker/statements.py)
+    "statement_item",   # 1 when the page is titled as a statement printing a line item the question asks about
 )
 DOCUMENT_FEATURE_NAMES = (
     "doc_rank_cos",     # ln(1 + pages of the document with a higher cos_query)
@@ -136,6 +138,7 @@ class QueryTerms:
     weights: dict = None  # stem -> fixed IDF (term_weight)
     has_answer: bool = False
     statements: frozenset = frozenset()  # financial statements the question names
+    item_statements: frozenset = frozenset()  # statements printing a line item the question asks about
 
 
 def query_terms(question: str, answer: str, language: str | None = None) -> QueryTerms:
@@ -150,7 +153,7 @@ def query_terms(question: str, answer: str, language: str | None = None) -> Quer
     words = tuple(dict.fromkeys(_stem(t) for t in a_all if not _is_number(t) and _stem(t) not in qset))
     pairs = tuple(dict.fromkeys(zip(q, q[1:])))
     return QueryTerms(tuple(dict.fromkeys(q)), words, numbers, pairs, weights, bool(answer.strip()),
-                      named_statements(question))
+                      named_statements(question), item_statements(question))
 
 
 @dataclass(frozen=True)
@@ -184,7 +187,7 @@ class TermStatistics:
 
 
 def lexical_features(terms: QueryTerms, page_text: str, stats: TermStatistics | None = None) -> list[float]:
-    """cov_question .. statement_title of FEATURE_NAMES."""
+    """cov_question .. statement_item of FEATURE_NAMES."""
     toks = [_stem(t) for t in tokens(normalise_numbers(page_text or ""))]
     n = len(toks)
     counts = Counter(toks)
@@ -208,6 +211,7 @@ def lexical_features(terms: QueryTerms, page_text: str, stats: TermStatistics | 
     total = sum(w.get(t, 1.0) for t in every)
     bm25 = (sum(w.get(t, 1.0) * counts[t] * (_K1 + 1) / (counts[t] + norm) for t in every if counts.get(t))
             / total) if total else 0.0
+    titled = titled_statements(page_text) if terms.statements or terms.item_statements else frozenset()
     domain = 0.0
     if stats is not None:
         domain = sum(stats.idf(t) * counts[t] * (_K1 + 1) / (counts[t] + norm) for t in every if counts.get(t))
@@ -225,7 +229,8 @@ def lexical_features(terms: QueryTerms, page_text: str, stats: TermStatistics | 
         1.0 if terms.has_answer else 0.0,
         math.log1p(n),
         numbers / n if n else 0.0,
-        1.0 if terms.statements and terms.statements & titled_statements(page_text) else 0.0,
+        1.0 if terms.statements & titled else 0.0,
+        1.0 if terms.item_statements & titled else 0.0,
     ]
 
 

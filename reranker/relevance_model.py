@@ -51,12 +51,19 @@ class FeatureModel:
     @classmethod
     def from_dict(cls, data: dict) -> "FeatureModel":
         names = tuple(data["names"])
-        missing = FEATURE_NAMES[len(names):]
-        if names == FEATURE_NAMES[:len(names)] and missing and set(missing) <= set(CALIBRATION_FEATURES):
-            # a model from before the document calibration: the same model, weight 0 on it
-            data = {**data, "names": list(FEATURE_NAMES), "mean": list(data["mean"]) + [0.0] * len(missing),
-                    "scale": list(data["scale"]) + [1.0] * len(missing),
-                    "weights": list(data["weights"]) + [0.0] * len(missing)}
+        if any(len(data[k]) != len(names) for k in ("mean", "scale", "weights")):
+            raise FeatureModelError(f"the model file is damaged: {len(names)} feature names but "
+                                    f"{len(data['weights'])} weights; retrain it with `evidentia train --kind features`")
+        if names != FEATURE_NAMES and len(set(names)) == len(names) and set(names) < set(FEATURE_NAMES):
+            # a model from before a feature was added (the document calibration, the
+            # statement line items): the same model, weight 0 on what it never had
+            column = {name: i for i, name in enumerate(names)}
+
+            def by_name(values: list, absent: float) -> list:
+                return [values[column[n]] if n in column else absent for n in FEATURE_NAMES]
+
+            data = {**data, "names": list(FEATURE_NAMES), "mean": by_name(data["mean"], 0.0),
+                    "scale": by_name(data["scale"], 1.0), "weights": by_name(data["weights"], 0.0)}
             names = FEATURE_NAMES
         if names != FEATURE_NAMES:
             raise FeatureModelError(f"the model was fitted on features {', '.join(names)}; this version computes "

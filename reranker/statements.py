@@ -8,6 +8,12 @@ financial position, an income statement a statement of operations or of
 earnings), so neither BM25 nor the bi-encoder ties them reliably, and the same
 words run through the notes ("see the Consolidated Balance Sheets") where they
 are not a title. The page side therefore matches whole title lines only.
+
+Most questions do not name the statement but ask for a line item printed on its
+face ("Did Pfizer grow its PPNE?", "Which activities brought in the most cash
+flow?"): ``item_statements`` maps those items to the statements that carry them,
+a weaker hint than a named statement (the same figure is discussed in the MD&A and
+the notes), so it is a feature of its own.
 """
 
 from __future__ import annotations
@@ -35,6 +41,32 @@ _TITLES = {
     "cash": r"cashflows?statements?|statements?ofcashflows?",
     "equity": r"statements?of(?:stockholders|shareholders|changesin)(?:equity|deficit)",
 }
+# line items (and ratios built from them) -> the statements whose face prints them,
+# on lower-cased question text; from the standard US GAAP / IFRS layouts, not from
+# any question set
+_LINE_ITEMS = (
+    (r"cash\s+flows?|(?:operating|investing|financing)\s+activities|capital\s+expenditures?|\bcapex\b"
+     r"|dividends?\s+paid|purchases?\s+of\s+property|depreciation\s+(?:and|&)\s+amortization|\bd\s*&\s*a\b",
+     ("cash",)),
+    (r"total\s+(?:current\s+)?(?:assets|liabilities)|current\s+(?:assets|liabilities)|working\s+capital"
+     r"|(?:current|quick)\s+ratio|inventor(?:y|ies)|accounts\s+(?:payable|receivable)"
+     r"|property,?\s+plant,?\s+(?:and|&)\s+equipment|\bpp\s*&\s*e\b|\bppne\b|fixed\s+assets"
+     r"|cash\s+(?:and|&)\s+(?:cash\s+)?equivalents|goodwill|(?:total|long[\s-]term|short[\s-]term)\s+debt"
+     r"|(?:shareholders|stockholders)\W*\s+equity|total\s+equity|book\s+value|retained\s+earnings"
+     r"|debt[\s-]to[\s-](?:equity|capital)",
+     ("balance",)),
+    (r"revenues?|net\s+sales|total\s+sales|top\s+line|cost\s+of\s+(?:goods\s+sold|sales|revenues?)|\bcogs\b"
+     r"|gross\s+(?:profit|margin)|operating\s+(?:income|profit|margin|expenses?|loss)"
+     r"|selling,?\s+general|\bsg\s*&\s*a\b|research\s+and\s+development\s+expenses?"
+     r"|net\s+(?:income|earnings|profit|loss)|bottom\s+line|earnings\s+per\s+share|\beps\b|\bebit(?:da)?\b"
+     r"|interest\s+expense|income\s+tax(?:es)?\s+(?:expense|provision)|provision\s+for\s+income\s+taxes"
+     r"|effective\s+tax\s+rate|income\s+before\s+(?:income\s+)?taxes|pre[\s-]?tax\s+income",
+     ("income",)),
+    (r"return\s+on\s+(?:assets|equity|invested\s+capital)|\bro(?:a|e|ic)\b|(?:asset|inventory)\s+turnover"
+     r"|days\s+(?:inventory|sales|payables?)", ("income", "balance")),
+    (r"(?:dividend|cash)\s+payout|free\s+cash\s+flow\s+(?:margin|conversion)", ("cash", "income")),
+)
+_LINE_ITEM = [(re.compile(pattern), families) for pattern, families in _LINE_ITEMS]
 _TITLE_LINE = {family: re.compile(r"(?:consolidated|combined)?(?:" + title + r")(?:continued)?")
                for family, title in _TITLES.items()}
 _QUESTION_NAME = {family: re.compile(pattern) for family, pattern in _QUESTION_NAMES.items()}
@@ -47,6 +79,12 @@ def named_statements(question: str) -> frozenset[str]:
     """The statement families the question names."""
     text = question.lower()
     return frozenset(family for family, pattern in _QUESTION_NAME.items() if pattern.search(text))
+
+
+def item_statements(question: str) -> frozenset[str]:
+    """The statement families that print a line item the question asks about."""
+    text = question.lower()
+    return frozenset(family for pattern, families in _LINE_ITEM if pattern.search(text) for family in families)
 
 
 def titled_statements(page_text: str) -> frozenset[str]:

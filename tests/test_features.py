@@ -279,13 +279,16 @@ def test_document_calibration_moves_a_document_never_the_order_of_its_pages():
     assert abs(oof[high].mean() - y[high].mean()) < 0.03
 
 
-def test_a_model_from_before_the_document_calibration_still_loads():
+def test_a_model_from_before_a_feature_was_added_still_loads():
     x, y = _toy(500)
     model = fit(x, y).to_dict()
-    old = {**model, "names": model["names"][:-len(CALIBRATION_FEATURES)],
-           **{k: model[k][:-len(CALIBRATION_FEATURES)] for k in ("mean", "scale", "weights")}}
-    x[:, [FEATURE_NAMES.index(n) for n in CALIBRATION_FEATURES]] = 123.0  # weight 0: no effect
-    np.testing.assert_allclose(FeatureModel.from_dict(old).probabilities(x), FeatureModel.from_dict(model).probabilities(x))
+    added = {"statement_item", *CALIBRATION_FEATURES}  # one in the middle of the list, one at its end
+    kept = [i for i, n in enumerate(model["names"]) if n not in added]
+    old = {**model, **{k: [model[k][i] for i in kept] for k in ("names", "mean", "scale", "weights")}}
+    without = {**model, "weights": [0.0 if n in added else w for n, w in zip(model["names"], model["weights"])]}
+    x[:, [FEATURE_NAMES.index(n) for n in added]] = 123.0  # weight 0: no effect
+    np.testing.assert_allclose(FeatureModel.from_dict(old).probabilities(x),
+                               FeatureModel.from_dict(without).probabilities(x))
 
 
 def test_soft_labels_train_towards_their_probability():
@@ -306,9 +309,12 @@ def test_fit_refuses_one_class_and_wrong_shapes():
 
 def test_model_of_other_features_is_refused():
     data = fit(*_toy()).to_dict()
-    data["names"] = ["cos_query"]
+    data["names"] = ["cos_query_of_another_encoder", *data["names"][1:]]
     with pytest.raises(FeatureModelError, match="retrain"):
         FeatureModel.from_dict(data)
+    damaged = {**fit(*_toy()).to_dict(), "names": ["cos_query"]}
+    with pytest.raises(FeatureModelError, match="damaged"):
+        FeatureModel.from_dict(damaged)
 
 
 def test_out_of_fold_never_scores_a_document_with_its_own_model():

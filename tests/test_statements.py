@@ -1,7 +1,7 @@
 """reranker/statements.py: a financial statement named by a question, titled on a page."""
 
 from evidentia.reranker.features import PAGE_FEATURE_NAMES, lexical_features, query_terms
-from evidentia.reranker.statements import named_statements, titled_statements
+from evidentia.reranker.statements import item_statements, named_statements, titled_statements
 
 BALANCE_SHEET = """Table of Contents
 3M Company and Subsidiaries
@@ -77,3 +77,24 @@ def test_an_index_of_statements_on_separate_lines_is_not_a_title():
 def test_a_combined_statement_is_both():
     page = "AMD\nConsolidated Statements of Operations and Comprehensive Loss\n(In millions)"
     assert titled_statements(page) == {"income", "comprehensive"}
+
+
+def test_a_line_item_points_to_the_statements_that_print_it():
+    assert item_statements("Did the company grow its PP&E between FY20 and FY21?") == {"balance"}
+    assert item_statements("Which of operating, investing and financing activities brought in the most cash?") == {"cash"}
+    assert item_statements("What drove the change in gross margin?") == {"income"}
+    assert item_statements("What is the FY2018 return on assets?") == {"income", "balance"}
+    assert item_statements("Is the business subject to cyclicality?") == frozenset()
+    assert item_statements("What were Scope 1 emissions in 2023?") == frozenset()
+
+
+def test_statement_item_feature_needs_the_item_and_the_title():
+    column = PAGE_FEATURE_NAMES.index("statement_item") - 4  # lexical_features start at cov_question
+    inventories = query_terms("What were year-end inventories?", "")
+    margin = query_terms("What drove the change in operating margin?", "")
+    assert lexical_features(inventories, FINANCIAL_POSITION)[column] == 1.0
+    assert lexical_features(inventories, NOTE_MENTIONING_IT)[column] == 0.0
+    assert lexical_features(margin, FINANCIAL_POSITION)[column] == 0.0
+    # a named statement is its own feature; the two are independent
+    named = query_terms("Basing your judgments off of the balance sheet, what is year-end accounts payable?", "$303")
+    assert lexical_features(named, FINANCIAL_POSITION)[column - 1:column + 1] == [1.0, 1.0]
