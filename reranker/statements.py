@@ -67,6 +67,10 @@ _LINE_ITEMS = (
     (r"(?:dividend|cash)\s+payout|free\s+cash\s+flow\s+(?:margin|conversion)", ("cash", "income")),
 )
 _LINE_ITEM = [(re.compile(pattern), families) for pattern, families in _LINE_ITEMS]
+# The statements print consolidated totals: a breakdown of an item (by segment,
+# region, product category) is in the segment note and the MD&A instead.
+_BREAKDOWN = re.compile(r"\bsegments?\b|categor(?:y|ies)|\bregions?\b|regional|geograph|product\s+lines?"
+                        r"|business\s+units?|\bdivisions?\b")
 _TITLE_LINE = {family: re.compile(r"(?:consolidated|combined)?(?:" + title + r")(?:continued)?")
                for family, title in _TITLES.items()}
 _QUESTION_NAME = {family: re.compile(pattern) for family, pattern in _QUESTION_NAMES.items()}
@@ -82,8 +86,11 @@ def named_statements(question: str) -> frozenset[str]:
 
 
 def item_statements(question: str) -> frozenset[str]:
-    """The statement families that print a line item the question asks about."""
+    """The statement families that print a line item the question asks about (none
+    when it asks for the item's breakdown)."""
     text = question.lower()
+    if _BREAKDOWN.search(text):
+        return frozenset()
     return frozenset(family for pattern, families in _LINE_ITEM if pattern.search(text) for family in families)
 
 

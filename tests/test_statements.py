@@ -85,6 +85,9 @@ def test_a_line_item_points_to_the_statements_that_print_it():
     assert item_statements("What drove the change in gross margin?") == {"income"}
     assert item_statements("What is the FY2018 return on assets?") == {"income", "balance"}
     assert item_statements("Is the business subject to cyclicality?") == frozenset()
+    # the statements print totals; a breakdown is in the segment note
+    assert item_statements("Which product categories represent more than 20% of revenue?") == frozenset()
+    assert item_statements("Which geographic region had the biggest drop in revenues?") == frozenset()
     assert item_statements("What were Scope 1 emissions in 2023?") == frozenset()
 
 
