@@ -11,9 +11,9 @@ are not a title. The page side therefore matches whole title lines only.
 
 Most questions do not name the statement but ask for a line item printed on its
 face ("Did Pfizer grow its PPNE?", "Which activities brought in the most cash
-flow?"): ``item_statements`` maps those items to the statements that carry them,
-a weaker hint than a named statement (the same figure is discussed in the MD&A and
-the notes), so it is a feature of its own.
+flow?"): ``item_statements`` maps those items to the statements that carry them.
+That is a hint of another kind than a named statement (the same figure is also
+discussed in the MD&A and the notes), so it is a feature of its own.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ _TITLES = {
     "equity": r"statements?of(?:stockholders|shareholders|changesin)(?:equity|deficit)",
 }
 # line items (and ratios built from them) -> the statements whose face prints them,
-# on lower-cased question text; from the standard US GAAP / IFRS layouts, not from
-# any question set
+# on lower-cased question text; from the standard US GAAP / IFRS layouts, written
+# after reading the training split's questions ("PPNE"), never the held-out ones
 _LINE_ITEMS = (
     (r"cash\s+flows?|(?:operating|investing|financing)\s+activities|capital\s+expenditures?|\bcapex\b"
      r"|dividends?\s+paid|purchases?\s+of\s+property|depreciation\s+(?:and|&)\s+amortization|\bd\s*&\s*a\b",
