@@ -74,10 +74,12 @@ def main() -> int:
         for i, (rep, q, _text, _label) in enumerate(pairs):
             groups[(q, answer_of(rep, q))].append(i)
         feats = np.zeros((len(pairs), len(reranker.feature_model.names)))
+        probs = np.zeros(len(pairs))
         for (q, a), idx in groups.items():
-            feats[idx] = ext.features(q, a, [(pairs[i][0], page_of[(pairs[i][0], pairs[i][2])], pairs[i][2])
-                                             for i in idx], document_source=documents.get)
-        probs = reranker.feature_model.probabilities(feats)
+            pool = ext.pool_features(q, a, [(pairs[i][0], page_of[(pairs[i][0], pairs[i][2])], pairs[i][2])
+                                            for i in idx], document_source=documents.get)
+            feats[idx] = pool.rows
+            probs[idx] = reranker.feature_model.pool_probabilities(pool)
         queries = defaultdict(list)
         for i, (rep, q, _text, _label) in enumerate(pairs):
             queries[(rep, q)].append(i)

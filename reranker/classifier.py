@@ -130,6 +130,9 @@ class ClassifierReranker(Reranker):
                              self.input_format, self.batch_size)
 
     def _features(self, question: str, answer: str, pages):
+        return self._pool_features(question, answer, pages).rows
+
+    def _pool_features(self, question: str, answer: str, pages):
         vectors = documents = None
         if self._backend is not None:
             from evidentia.reranker.features import stored_document_source, stored_vector_source
@@ -137,7 +140,8 @@ class ClassifierReranker(Reranker):
             # the document features score the document's other pages from their stored vectors
             vectors = stored_vector_source(self._backend, self.extractor.embedder.name)
             documents = stored_document_source(self._backend)
-        return self.extractor.features(question, answer, pages, vector_source=vectors, document_source=documents)
+        return self.extractor.pool_features(question, answer, pages, vector_source=vectors,
+                                            document_source=documents)
 
     def probabilities(self, question: str, answer: str, texts: Sequence[str]) -> list[float]:
         """Calibrated probability of each page, ``texts`` being a first-stage pool in
@@ -150,7 +154,7 @@ class ClassifierReranker(Reranker):
                 for rank, m in enumerate(self.margins(question, answer, texts), start=1)]
 
     def _page_probabilities(self, question: str, answer: str, pages) -> list[float]:
-        return self.feature_model.probabilities(self._features(question, answer, pages)).tolist()
+        return self.feature_model.pool_probabilities(self._pool_features(question, answer, pages)).tolist()
 
     def rerank(self, query: Query, candidates: Sequence[Candidate]) -> RerankResult:
         if not candidates:

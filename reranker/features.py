@@ -309,6 +309,17 @@ def stored_vector_source(backend, model_name: str) -> PageVectorSource:
     return lookup
 
 
+@dataclass
+class PoolFeatures:
+    """The features of a pool's pages (``rows``, FEATURE_NAMES) and of every page of
+    their documents (``documents``: doc_id -> one row per page), the document of each
+    row in ``document_of`` (None: the page stands alone, its document unknown)."""
+
+    rows: np.ndarray
+    document_of: list[str | None]
+    documents: dict[str, np.ndarray]
+
+
 class FeatureExtractor:
     """Features of (question, answer, page) as FEATURE_NAMES orders them.
 
@@ -345,9 +356,16 @@ class FeatureExtractor:
         The document features of a page are computed over every page of its
         document (``document_source``); a page whose document is unknown (no
         source, no doc_id, not in the index) stands alone, as a one-page document."""
+        return self.pool_features(question, answer, pages, language, vector_source, document_source).rows
+
+    def pool_features(self, question: str, answer: str, pages: Sequence[tuple[str, int | None, str]],
+                      language: str | None = None, vector_source: PageVectorSource | None = None,
+                      document_source: DocumentSource | None = None) -> "PoolFeatures":
+        """``features`` of the pages, with the features of every page of their documents."""
         out = np.zeros((len(pages), len(FEATURE_NAMES)), dtype=np.float64)
+        pool = PoolFeatures(out, [None] * len(pages), {})
         if not pages:
-            return out
+            return pool
         query_text = f"{question.strip()} {answer.strip()}".strip()
         vecs = self._encode_queries(query_text, question.strip() or query_text, answer.strip())
         terms = query_terms(question, answer, language)
@@ -370,21 +388,26 @@ class FeatureExtractor:
             # indexed without vectors is not embedded whole at query time: its pages
             # stand alone. Without a vector source (a benchmark, a test), every
             # page is embedded here.
-            # (the document features read only the page features: no memory for these pages)
-            rest_features = (self._page_features(vecs, terms, rest, vector_source,
+            # (with the memory: the model scores these pages too, for the document's best page)
+            rest_features = (self._page_features(vecs, terms, rest, vector_source, match=match,
                                                  stored_only=vector_source is not None) if known else None)
             if rest_features is None:
                 for i in rows:
                     out[i, n_page:] = document_features(out[i:i + 1, :n_page])[0]
                 continue
             rest_rows = iter(rest_features)
-            standing = document_features(np.vstack([known[n] if n in known else next(rest_rows) for n in numbers]))
+            page_rows = np.vstack([known[n] if n in known else next(rest_rows) for n in numbers])
+            standing = document_features(page_rows[:, :len(PAGE_FEATURE_NAMES)])
+            pool.documents[doc_id] = np.hstack([page_rows, standing])
             position = {n: j for j, n in enumerate(numbers)}
             for i in rows:
                 page = pages[i][1]
-                out[i, n_page:] = (standing[position[page]] if page in position
-                                   else document_features(out[i:i + 1, :n_page])[0])
-        return out
+                if page in position:
+                    out[i, n_page:] = standing[position[page]]
+                    pool.document_of[i] = doc_id
+                else:
+                    out[i, n_page:] = document_features(out[i:i + 1, :n_page])[0]
+        return pool
 
     def page_windows(self, doc_id: str | None, page: int | None, text: str,
                      vector_source: PageVectorSource | None = None, stored_only: bool = False) -> np.ndarray | None:

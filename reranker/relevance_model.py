@@ -2,8 +2,11 @@
 pool-independent features of ``reranker/features.py``, stored as JSON in the
 model directory (``evidentia-model.json``, ``"kind": "features"``).
 
-p(relevant | question, answer, page) = sigmoid(w · standardised(features) + b).
-Nothing in it depends on the pool, the first stage or the page's place in it.
+p(relevant | question, answer, page) = sigmoid(z + g · (z - z_best)), with
+z = w · standardised(features) + b, z_best the highest z among the pages of the
+page's document, g = the document gap weight (>= 0; see DocumentCalibration).
+Nothing in it depends on the pool, the first stage or the page's place in it: the
+document's best page is the same whatever pool the page comes in.
 Fitting, the out-of-fold check and the threshold choice live here too, so
 `evidentia train` and `evidentia retrain` fit the model the same way.
 """
@@ -16,7 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
-from evidentia.reranker.features import CALIBRATION_FEATURES, FEATURE_NAMES, FEATURE_SIGNS
+from evidentia.reranker.features import CALIBRATION_FEATURES, FEATURE_NAMES, FEATURE_SIGNS, PoolFeatures
 
 KIND = "features"
 
@@ -35,18 +38,46 @@ class FeatureModel:
     # chosen on out-of-fold pools of the training split (see choose_threshold)
     threshold: float | None = None
     extra: dict = field(default_factory=dict)
+    # g = document_gap[0] + document_gap[1:] . (the page's CALIBRATION_FEATURES), all >= 0:
+    # how far a page's probability falls with its logit's distance below its
+    # document's best page (DocumentCalibration); () before it existed: g = 0
+    document_gap: tuple[float, ...] = ()
 
-    def logits(self, features: np.ndarray) -> np.ndarray:
-        x = (np.asarray(features, dtype=np.float64) - np.asarray(self.mean)) / np.asarray(self.scale)
-        return x @ np.asarray(self.weights) + self.bias
+    def logits(self, features: np.ndarray, best_logits: np.ndarray | None = None) -> np.ndarray:
+        """z of each row; with ``best_logits`` (the highest z among the pages of each
+        row's document), z + g * (z - z_best)."""
+        x = np.asarray(features, dtype=np.float64)
+        z = (x - np.asarray(self.mean)) / np.asarray(self.scale) @ np.asarray(self.weights) + self.bias
+        if best_logits is None or not any(self.document_gap):
+            return z
+        return z + self.gap_weights(x) * (z - np.maximum(np.asarray(best_logits, dtype=np.float64), z))
 
-    def probabilities(self, features: np.ndarray) -> np.ndarray:
-        z = self.logits(features)
+    def gap_weights(self, features: np.ndarray) -> np.ndarray:
+        x = np.asarray(features, dtype=np.float64)
+        g = np.full(len(x), self.document_gap[0] if self.document_gap else 0.0)
+        for j, c in zip(_CALIBRATION_COLUMNS, self.document_gap[1:]):
+            g += c * x[:, j]
+        return g
+
+    def probabilities(self, features: np.ndarray, best_logits: np.ndarray | None = None) -> np.ndarray:
+        z = self.logits(features, best_logits)
         return 1.0 / (1.0 + np.exp(-np.clip(z, -60, 60)))
+
+    def best_logits(self, pool: PoolFeatures) -> np.ndarray:
+        """The highest z among the pages of each pool row's document (the row's own z
+        when it stands alone)."""
+        own = self.logits(pool.rows)
+        best = {doc: float(self.logits(rows).max()) for doc, rows in pool.documents.items() if len(rows)}
+        return np.array([max(z, best.get(doc, z)) if doc is not None else z
+                         for z, doc in zip(own.tolist(), pool.document_of)])
+
+    def pool_probabilities(self, pool: PoolFeatures) -> np.ndarray:
+        return self.probabilities(pool.rows, self.best_logits(pool))
 
     def to_dict(self) -> dict:
         return {"names": list(self.names), "mean": self.mean, "scale": self.scale, "weights": self.weights,
-                "bias": self.bias, "threshold": self.threshold, **self.extra}
+                "bias": self.bias, "threshold": self.threshold, "document_gap": list(self.document_gap),
+                **self.extra}
 
     @classmethod
     def from_dict(cls, data: dict) -> "FeatureModel":
@@ -68,9 +99,13 @@ class FeatureModel:
         if names != FEATURE_NAMES:
             raise FeatureModelError(f"the model was fitted on features {', '.join(names)}; this version computes "
                                     f"{', '.join(FEATURE_NAMES)}: retrain it with `evidentia train --kind features`")
-        known = {"names", "mean", "scale", "weights", "bias", "threshold"}
+        gap = tuple(float(v) for v in data.get("document_gap") or ())
+        if gap and (len(gap) != 1 + len(CALIBRATION_FEATURES) or min(gap) < 0):
+            raise FeatureModelError(f"the model file is damaged: document_gap {list(gap)}; retrain it with "
+                                    "`evidentia train --kind features`")
+        known = {"names", "mean", "scale", "weights", "bias", "threshold", "document_gap"}
         return cls(names, list(data["mean"]), list(data["scale"]), list(data["weights"]), float(data["bias"]),
-                   data.get("threshold"), {k: v for k, v in data.items() if k not in known})
+                   data.get("threshold"), {k: v for k, v in data.items() if k not in known}, gap)
 
 
 def _targets(labels: Sequence[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -116,53 +151,82 @@ _CALIBRATION_COLUMNS = [FEATURE_NAMES.index(n) for n in CALIBRATION_FEATURES]
 
 @dataclass(frozen=True)
 class DocumentCalibration:
-    """logit' = a * logit + shift + doc_coef . (the page's CALIBRATION_FEATURES)."""
+    """logit' = a * logit + shift + doc_coef . c + (gap_coef[0] + gap_coef[1:] . c) * gap,
+    c the page's CALIBRATION_FEATURES, gap = logit - the best logit among its
+    document's pages (<= 0).
+
+    The gap term is why: a pointwise model gave the pages just below a filing's best
+    one p 0.13 where 7 % were relevant. A filing's question has one or two pages of
+    evidence: once its best page scores high, the others are less likely to be it. A
+    sustainability report's question has many (a quarter of a pool), so the gap
+    weighs on a filing (its numeric share, c) more than on a report."""
 
     a: float
     shift: float
     doc_coef: tuple[float, ...]
+    gap_coef: tuple[float, ...] = ()
 
     @classmethod
-    def fit(cls, logits: np.ndarray, features: np.ndarray, labels: Sequence[float]) -> "DocumentCalibration":
-        x = np.asarray(features, dtype=np.float64)
+    def fit(cls, logits: np.ndarray, features: np.ndarray, labels: Sequence[float],
+            best_logits: np.ndarray | None = None) -> "DocumentCalibration":
         rows, y, w = _targets(labels)
-        design = np.column_stack([np.asarray(logits, dtype=np.float64), x[:, _CALIBRATION_COLUMNS]])
+        design = cls._design(logits, features, best_logits)
+        n_doc = len(_CALIBRATION_COLUMNS)
+        n_gap = 0 if best_logits is None else 1 + n_doc
         # L2 at scikit-learn's default: nothing against thousands of pages, but a few
-        # separable ones (a small retrain) must not stretch the logit without bound
+        # separable ones (a small retrain) must not stretch the logit without bound.
+        # The gap weights >= 0: a page never gains by standing further below its document's best.
         coef, shift = _sign_constrained_logistic(design[rows], y.astype(np.float64), w, 1.0,
-                                                 [+1] + [0] * len(_CALIBRATION_COLUMNS))
+                                                 [+1] + [0] * n_doc + [+1] * n_gap)
         if coef[0] <= 0.0:  # the logit carries no signal here: leave it as it is
-            return cls(1.0, 0.0, (0.0,) * len(_CALIBRATION_COLUMNS))
-        return cls(float(coef[0]), float(shift), tuple(float(c) for c in coef[1:]))
+            return cls(1.0, 0.0, (0.0,) * n_doc)
+        return cls(float(coef[0]), float(shift), tuple(float(c) for c in coef[1:1 + n_doc]),
+                   tuple(float(c) for c in coef[1 + n_doc:]))
 
-    def logits(self, logits: np.ndarray, features: np.ndarray) -> np.ndarray:
-        x = np.asarray(features, dtype=np.float64)
-        return self.a * np.asarray(logits, dtype=np.float64) + self.shift + x[:, _CALIBRATION_COLUMNS] @ np.asarray(
-            self.doc_coef)
+    @staticmethod
+    def _design(logits: np.ndarray, features: np.ndarray, best_logits: np.ndarray | None) -> np.ndarray:
+        z = np.asarray(logits, dtype=np.float64)
+        c = np.asarray(features, dtype=np.float64)[:, _CALIBRATION_COLUMNS]
+        columns = [z[:, None], c]
+        if best_logits is not None:
+            gap = (z - np.maximum(np.asarray(best_logits, dtype=np.float64), z))[:, None]
+            columns += [gap, gap * c]
+        return np.hstack(columns)
+
+    def logits(self, logits: np.ndarray, features: np.ndarray, best_logits: np.ndarray | None = None) -> np.ndarray:
+        design = self._design(logits, features, best_logits if self.gap_coef else None)
+        return design @ np.asarray((self.a, *self.doc_coef, *self.gap_coef)) + self.shift
 
     def applied_to(self, model: FeatureModel) -> FeatureModel:
-        """The same model with the calibration folded into its weights: still one
-        logistic model over FEATURE_NAMES (`evidentia calibrate` rescales it as before)."""
+        """The same model with the calibration folded into its weights and document gap
+        (`evidentia calibrate` rescales it as before). The document features are
+        constant over a document, so the gap of the folded logit is a times the gap of
+        the old one."""
         weights = [self.a * v for v in model.weights]
         bias = self.a * model.bias + self.shift
         for j, c in zip(_CALIBRATION_COLUMNS, self.doc_coef):
             weights[j] = c * model.scale[j]
             bias += c * model.mean[j]
-        return FeatureModel(model.names, model.mean, model.scale, weights, bias, model.threshold, dict(model.extra))
+        gap = tuple(c / self.a for c in self.gap_coef)
+        return FeatureModel(model.names, model.mean, model.scale, weights, bias, model.threshold, dict(model.extra),
+                            gap)
 
 
 def calibrate_documents(model: FeatureModel, logits: np.ndarray, features: np.ndarray,
-                        labels: Sequence[float]) -> FeatureModel:
+                        labels: Sequence[float], best_logits: np.ndarray | None = None) -> FeatureModel:
     """The model with its logit refitted on out-of-fold ``logits`` (each page scored
     by a model that never saw its document) together with CALIBRATION_FEATURES,
-    a > 0. The document features are constant over a document, so the order of its
-    pages stays; what moves is how probable a document's pages are (a filing's
-    against a report's)."""
-    return DocumentCalibration.fit(logits, features, labels).applied_to(model)
+    a > 0, and, given ``best_logits`` (the best out-of-fold logit among each page's
+    document's pages), the document gap. The document features and the best logit
+    are constant over a document, so the order of its pages stays; what moves is how
+    probable a document's pages are (a filing's against a report's) and how far
+    those below its best page fall."""
+    return DocumentCalibration.fit(logits, features, labels, best_logits).applied_to(model)
 
 
 def calibrated_out_of_fold(logits: np.ndarray, features: np.ndarray, labels: Sequence[float],
-                           groups: Sequence[str], folds: int = 5, seed: int = 0) -> np.ndarray:
+                           groups: Sequence[str], folds: int = 5, seed: int = 0,
+                           best_logits: np.ndarray | None = None) -> np.ndarray:
     """Probabilities of the out-of-fold ``logits`` after a document calibration
     fitted on the other folds' pages: the calibration is judged on documents it
     was not fitted on either."""
@@ -171,8 +235,9 @@ def calibrated_out_of_fold(logits: np.ndarray, features: np.ndarray, labels: Seq
     out = np.zeros(len(logits))
     for k in sorted(set(fold.tolist())):
         test = fold == k
-        calibration = DocumentCalibration.fit(logits[~test], features[~test], labels[~test])
-        z = calibration.logits(logits[test], features[test])
+        best_train = None if best_logits is None else best_logits[~test]
+        calibration = DocumentCalibration.fit(logits[~test], features[~test], labels[~test], best_train)
+        z = calibration.logits(logits[test], features[test], None if best_logits is None else best_logits[test])
         out[test] = 1.0 / (1.0 + np.exp(-np.clip(z, -60, 60)))
     return out
 
@@ -217,16 +282,26 @@ def out_of_fold(features: np.ndarray, labels: Sequence[float], groups: Sequence[
     (document): held-out predictions on the training split, for the threshold and
     the calibration check without touching the test split."""
     x = np.asarray(features, dtype=np.float64)
-    labels = np.asarray(labels, dtype=np.float64)
-    fold = fold_of_groups(groups, folds, seed)
+    fold, models = fold_models(x, labels, groups, weights, folds, regularisation, seed)
     out = np.zeros(len(x))
-    w = None if weights is None else np.asarray(weights, dtype=np.float64)
-    for k in range(min(folds, len(set(groups)))):
+    for k, model in enumerate(models):
         test = fold == k
-        train = ~test
-        model = fit(x[train], labels[train], None if w is None else w[train], regularisation)
         out[test] = model.logits(x[test]) if logits else model.probabilities(x[test])
     return out
+
+
+def fold_models(features: np.ndarray, labels: Sequence[float], groups: Sequence[str], weights=None,
+                folds: int = 5, regularisation: float = 1.0, seed: int = 0) -> tuple[np.ndarray, list[FeatureModel]]:
+    """The fold of each row (by group) and, for each fold k, the model fitted without it."""
+    x = np.asarray(features, dtype=np.float64)
+    labels = np.asarray(labels, dtype=np.float64)
+    fold = fold_of_groups(groups, folds, seed)
+    w = None if weights is None else np.asarray(weights, dtype=np.float64)
+    models = []
+    for k in range(min(folds, len(set(groups)))):
+        train = fold != k
+        models.append(fit(x[train], labels[train], None if w is None else w[train], regularisation))
+    return fold, models
 
 
 @dataclass(frozen=True)

@@ -279,6 +279,84 @@ def test_document_calibration_moves_a_document_never_the_order_of_its_pages():
     assert abs(oof[high].mean() - y[high].mean()) < 0.03
 
 
+def _one_answer_documents(n_docs=240, pages=20, seed=7):
+    """Documents whose question has at most one page of evidence, the best-looking
+    page when there is one: pointwise, the pages just below it run high."""
+    rng = np.random.default_rng(seed)
+    n = n_docs * pages
+    x = np.zeros((n, len(FEATURE_NAMES)))
+    x[:, 0] = rng.normal(size=n)
+    y = np.zeros(n)
+    for d in range(n_docs):
+        rows = np.arange(d * pages, (d + 1) * pages)
+        if rng.random() < 0.7:
+            x[rows[0], 0] += 1.0 + 2.0 * rng.random()
+            y[rows[0]] = 1.0
+    x[:, FEATURE_NAMES.index(CALIBRATION_FEATURES[0])] = 0.3
+    return x, y, [f"d{i // pages}" for i in range(n)]
+
+
+def test_document_gap_lowers_the_pages_below_their_documents_best_never_reorders_them():
+    from evidentia.reranker.relevance_model import calibrate_documents, calibrated_out_of_fold, out_of_fold
+
+    x, y, groups = _one_answer_documents()
+    logits = out_of_fold(x, y, groups, logits=True)
+    best = np.zeros(len(x))
+    for g in set(groups):
+        rows = [i for i, h in enumerate(groups) if h == g]
+        best[rows] = logits[rows].max()
+    without = calibrated_out_of_fold(logits, x, y, groups)
+    with_gap = calibrated_out_of_fold(logits, x, y, groups, best_logits=best)
+    below = logits < best  # every page but its document's best
+    assert with_gap[below].mean() < without[below].mean()
+    assert abs(with_gap[below].mean() - y[below].mean()) < abs(without[below].mean() - y[below].mean())
+    def log_loss(p):
+        return -np.mean(y * np.log(p) + (1 - y) * np.log(1 - p))
+
+    assert log_loss(with_gap) < log_loss(without) - 0.001
+    model = calibrate_documents(fit(x, y), logits, x, y, best)
+    assert len(model.document_gap) == 1 + len(CALIBRATION_FEATURES) and sum(model.document_gap) > 0
+    z = model.logits(x)
+    doc_best = np.array([z[[i for i, h in enumerate(groups) if h == g]].max() for g in groups])
+    p = model.probabilities(x, doc_best)
+    first = np.arange(20)
+    assert list(np.argsort(p[first])) == list(np.argsort(z[first]))  # the order within a document stays
+    top = z == doc_best
+    np.testing.assert_allclose(p[top], model.probabilities(x[top]))  # the best page keeps its probability
+    assert (p[~top] < model.probabilities(x[~top])).all()
+    again = FeatureModel.from_dict(model.to_dict())
+    np.testing.assert_allclose(again.probabilities(x, doc_best), p)
+
+
+def test_pool_probabilities_read_the_documents_best_page(embedder):
+    from evidentia.reranker.features import PoolFeatures
+
+    ext = FeatureExtractor(embedder)
+    source = {"d": DOCUMENT}.get
+    pool = ext.pool_features(QUESTION, ANSWER, [("d", 2, STAFF), ("e", 1, CONTENTS)], document_source=source)
+    assert pool.document_of == ["d", None]
+    assert len(pool.documents["d"]) == len(DOCUMENT)
+    np.testing.assert_allclose(pool.rows[0], pool.documents["d"][1])  # page 2's row is its document's row
+    model = FeatureModel(FEATURE_NAMES, [0.0] * len(FEATURE_NAMES), [1.0] * len(FEATURE_NAMES),
+                         [5.0] + [0.0] * (len(FEATURE_NAMES) - 1), -1.0, document_gap=(1.0, 0.0))
+    z = model.logits(pool.rows)
+    best = model.best_logits(pool)
+    assert best[0] == pytest.approx(model.logits(pool.documents["d"]).max()) and best[0] > z[0]  # CAPEX, page 3
+    assert best[1] == z[1]  # alone: its own best
+    p = model.pool_probabilities(pool)
+    assert p[0] < model.probabilities(pool.rows[:1])[0] and p[1] == pytest.approx(model.probabilities(pool.rows)[1])
+    empty = PoolFeatures(pool.rows, [None, None], {})
+    np.testing.assert_allclose(model.pool_probabilities(empty), model.probabilities(pool.rows))
+
+
+def test_a_damaged_document_gap_is_refused():
+    model = fit(*_toy(300)).to_dict()
+    for gap in ([1.0], [-0.5, 1.0]):
+        with pytest.raises(FeatureModelError, match="damaged"):
+            FeatureModel.from_dict({**model, "document_gap": gap})
+    assert FeatureModel.from_dict({k: v for k, v in model.items() if k != "document_gap"}).document_gap == ()
+
+
 def test_a_model_from_before_a_feature_was_added_still_loads():
     x, y = _toy(500)
     model = fit(x, y).to_dict()
@@ -475,5 +553,9 @@ def test_probability_is_a_property_of_the_page_in_a_real_index(multilingual_pdf,
     for candidate in pool[:3]:
         alone = reranker.rerank(query, [candidate]).pages[0].probability
         assert alone == pytest.approx(full[candidate.page], abs=1e-12)
-    rows = reranker._features(query.question, query.answer, [(c.doc_id, c.page, c.text) for c in pool[-1:]])
+    last = reranker._pool_features(query.question, query.answer, [(c.doc_id, c.page, c.text) for c in pool[-1:]])
+    rows = last.rows
     assert _doc_feature(rows[0], "doc_rank_cos") > 0 or _doc_feature(rows[0], "doc_rank_bm25") > 0  # not alone
+    # its document's best page is another: the model's document gap lowers it
+    assert sum(reranker.feature_model.document_gap) > 0
+    assert reranker.feature_model.best_logits(last)[0] > reranker.feature_model.logits(rows)[0]

@@ -40,7 +40,7 @@ from evidentia.reranker.classifier_model import ModelMetadata
 from evidentia.reranker.features import FEATURE_NAMES, FeatureExtractor, TermStatistics
 from evidentia.reranker.question_memory import MEMORY_FEATURE_NAMES, QuestionMemory
 from evidentia.reranker.relevance_model import (KIND, FeatureModelError, calibrate_documents, calibrated_out_of_fold,
-                                                choose_threshold, fit, fold_of_groups, out_of_fold)
+                                                choose_threshold, fit, fold_models, fold_of_groups)
 from evidentia.training.dataset import TrainingRecord, stable_share
 
 DEFAULT_EMBEDDER = "all-MiniLM-L6-v2"
@@ -70,18 +70,39 @@ def embedding_windows() -> dict:
 
 def record_features(records: Sequence[TrainingRecord], extractor: FeatureExtractor,
                     progress: Callable[[int], None] | None = None, vector_source=None,
-                    document_source=None) -> np.ndarray:
-    """Features of every record, the records of one query computed together."""
+                    document_source=None, documents: dict | None = None) -> np.ndarray:
+    """Features of every record, the records of one query computed together.
+    ``documents``: filled with the features of every page of each record's document
+    for its query, keyed by (question, answer, doc_id) (see ``best_logits``)."""
     by_query: dict[tuple[str, str], list[int]] = defaultdict(list)
     for i, r in enumerate(records):
         by_query[(r.question, r.answer)].append(i)
     out = np.zeros((len(records), len(FEATURE_NAMES)))
     for (question, answer), idx in by_query.items():
         pages = [(records[i].doc_id or None, records[i].page, records[i].page_text) for i in idx]
-        out[idx] = extractor.features(question, answer, pages, vector_source=vector_source,
-                                      document_source=document_source)
+        pool = extractor.pool_features(question, answer, pages, vector_source=vector_source,
+                                       document_source=document_source)
+        out[idx] = pool.rows
+        if documents is not None:
+            documents.update({(question, answer, doc_id): rows for doc_id, rows in pool.documents.items()})
         if progress is not None:
             progress(len(idx))
+    return out
+
+
+def best_logits(records: Sequence[TrainingRecord], own_logits: np.ndarray, documents: dict,
+                score: Callable[[int, np.ndarray], np.ndarray]) -> np.ndarray:
+    """The best logit among the pages of each record's document for its query (its
+    own when its document is unknown); ``score(i, rows)``: the logits that record i's
+    model gives its document's pages."""
+    out = np.asarray(own_logits, dtype=np.float64).copy()
+    best: dict[tuple, float] = {}
+    for i, r in enumerate(records):
+        key = (r.question, r.answer, r.doc_id)
+        if key in documents:
+            if key not in best:
+                best[key] = float(score(i, documents[key]).max())
+            out[i] = max(out[i], best[key])
     return out
 
 
@@ -135,6 +156,7 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
     groups = [r.doc_id or "" for r in records]
     entries = memory_entries(records, extractor, vectors)
     x = np.zeros((len(records), len(FEATURE_NAMES)))
+    pages_of_documents: dict[tuple[str, str, str], np.ndarray] = {}
     folds = fold_of_groups(groups, MEMORY_FOLDS, seed)
     if len(set(groups)) >= 2:
         # A record's memory features come from a memory without its own document
@@ -145,11 +167,15 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
             own = {groups[i] for i in rows}
             extractor.memory = QuestionMemory.build([e for e, g in entries if g not in own])
             x[rows] = record_features([records[i] for i in rows], extractor, vector_source=vectors,
-                                      document_source=documents)
+                                      document_source=documents, documents=pages_of_documents)
     else:
-        x[:] = record_features(records, extractor, vector_source=vectors, document_source=documents)
+        x[:] = record_features(records, extractor, vector_source=vectors, document_source=documents,
+                               documents=pages_of_documents)
     # a new question in any domain, not only in the filings' (whose questions rarely repeat)
     x[np.ix_(_memory_dropped(records, MEMORY_DROPOUT, seed), _MEMORY_COLUMNS)] = 0.0
+    for (question, _answer, doc_id), rows in pages_of_documents.items():
+        if stable_share(f"{seed}:{question}:{doc_id}") < MEMORY_DROPOUT:  # as _memory_dropped: with its records
+            rows[:, _MEMORY_COLUMNS] = 0.0
     memory = QuestionMemory.build([e for e, _g in entries])
     labels = [r.soft_label if r.soft_label is not None else float(r.relevance) for r in records]
     hard = np.asarray([r.relevance for r in records])
@@ -159,12 +185,18 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
                                 "similarity": memory.similarity},
                      "feature_seconds": round(time.perf_counter() - t0, 1)}
     if len(set(groups)) >= 2:
-        oof_logits = out_of_fold(x, labels, groups, regularisation=regularisation, seed=seed, logits=True)
-        # a filing's pages and a report's on one scale (CALIBRATION_FEATURES), judged
-        # out of fold twice over: logits of models without the page's document, a
-        # calibration fitted without it
-        model = calibrate_documents(model, oof_logits, x, labels)
-        oof = calibrated_out_of_fold(oof_logits, x, labels, groups, seed=seed)
+        fold, fold_fits = fold_models(x, labels, groups, regularisation=regularisation, seed=seed)
+        oof_logits = np.zeros(len(x))
+        for k, fold_fit in enumerate(fold_fits):
+            oof_logits[fold == k] = fold_fit.logits(x[fold == k])
+        # each page's document's best page, scored by the same out-of-fold model
+        oof_best = best_logits(records, oof_logits, pages_of_documents,
+                               lambda i, rows: fold_fits[fold[i]].logits(rows))
+        # a filing's pages and a report's on one scale (CALIBRATION_FEATURES), and the
+        # gap to the document's best page, judged out of fold twice over: logits of
+        # models without the page's document, a calibration fitted without it
+        model = calibrate_documents(model, oof_logits, x, labels, oof_best)
+        oof = calibrated_out_of_fold(oof_logits, x, labels, groups, seed=seed, best_logits=oof_best)
         metrics["out_of_fold"] = _oof_metrics(oof, hard)
         pools: dict[tuple[str, str], list[int]] = defaultdict(list)
         answered = any(r.answer.strip() for r in records)
