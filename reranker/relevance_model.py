@@ -155,7 +155,7 @@ class DocumentCalibration:
     c the page's CALIBRATION_FEATURES, gap = logit - the best logit among its
     document's pages (<= 0).
 
-    The gap term is why: a pointwise model gave the pages just below a filing's best
+    Why the gap term: a pointwise model gave the pages just below a filing's best
     one p 0.13 where 7 % were relevant. A filing's question has one or two pages of
     evidence: once its best page scores high, the others are less likely to be it. A
     sustainability report's question has many (a quarter of a pool), so the gap
