@@ -349,6 +349,42 @@ def test_pool_probabilities_read_the_documents_best_page(embedder):
     np.testing.assert_allclose(model.pool_probabilities(empty), model.probabilities(pool.rows))
 
 
+def test_training_with_an_index_learns_the_document_gap(embedder, tmp_path):
+    """With the records' documents in an index, training scores every page of each
+    record's document out of fold and fits the gap; without one, pages stand alone
+    and there is no gap to learn."""
+    from evidentia.records import Document, Page, PageVectors
+    from evidentia.training.train_features import record_best_logits, train_features
+
+    near = "Capital expenditure plans. We expect to invest in new plants over the coming years."
+    documents = {f"doc{d}": [(1, CONTENTS + f" Item {d}."), (2, STAFF + f" Note {d}."),
+                             (3, CAPEX.replace("2018", str(2010 + d))), (4, near + f" Plan {d}."),
+                             (5, STAFF + f" Benefits {d}.")] for d in range(6)}
+
+    class Index:  # what train_features reads of a backend: the stored pages and their window vectors
+        def stored_document(self, doc_id):
+            pages = documents.get(doc_id)
+            return pages and Document(doc_id, tuple(Page(doc_id, n, t, t, "en", len(t)) for n, t in pages))
+
+        def page_vectors(self, doc_id):
+            rows = [(n, v) for n, t in documents[doc_id] for v in embedder._encode(embedder.windows(t))]
+            return PageVectors(embedder.name, np.array([n for n, _ in rows], dtype=np.int32),
+                               np.stack([v for _, v in rows]))
+
+    records = [TrainingRecord(QUESTION, ANSWER, text, int(n == 3), doc, n)
+               for doc, pages in documents.items() for n, text in pages if n in (2, 3, 4)]
+    with_index = train_features(records, tmp_path / "a", log=lambda _m: None, embedder=embedder, backend=Index())
+    gap = with_index.extra["feature_model"]["document_gap"]
+    assert len(gap) == 1 + len(CALIBRATION_FEATURES) and min(gap) >= 0 and sum(gap) > 0
+    alone = train_features(records, tmp_path / "b", log=lambda _m: None, embedder=embedder)
+    assert not any(alone.extra["feature_model"]["document_gap"])
+    # the best logit is the document's, shared by its records, and never below a record's own
+    own = np.array([0.5, 2.0, 1.0])
+    best = record_best_logits(records[:3], own, {(QUESTION, ANSWER, "doc0"): np.zeros((5, 1))},
+                              lambda i, rows: np.array([0.0, 1.5, 0.2, 0.0, 0.0]))
+    np.testing.assert_allclose(best, [1.5, 2.0, 1.5])
+
+
 def test_a_damaged_document_gap_is_refused():
     model = fit(*_toy(300)).to_dict()
     for gap in ([1.0], [-0.5, 1.0]):

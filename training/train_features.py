@@ -73,7 +73,7 @@ def record_features(records: Sequence[TrainingRecord], extractor: FeatureExtract
                     document_source=None, documents: dict | None = None) -> np.ndarray:
     """Features of every record, the records of one query computed together.
     ``documents``: filled with the features of every page of each record's document
-    for its query, keyed by (question, answer, doc_id) (see ``best_logits``)."""
+    for its query, keyed by (question, answer, doc_id) (see ``record_best_logits``)."""
     by_query: dict[tuple[str, str], list[int]] = defaultdict(list)
     for i, r in enumerate(records):
         by_query[(r.question, r.answer)].append(i)
@@ -90,8 +90,8 @@ def record_features(records: Sequence[TrainingRecord], extractor: FeatureExtract
     return out
 
 
-def best_logits(records: Sequence[TrainingRecord], own_logits: np.ndarray, documents: dict,
-                score: Callable[[int, np.ndarray], np.ndarray]) -> np.ndarray:
+def record_best_logits(records: Sequence[TrainingRecord], own_logits: np.ndarray, documents: dict,
+                       score: Callable[[int, np.ndarray], np.ndarray]) -> np.ndarray:
     """The best logit among the pages of each record's document for its query (its
     own when its document is unknown); ``score(i, rows)``: the logits that record i's
     model gives its document's pages."""
@@ -190,8 +190,8 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
         for k, fold_fit in enumerate(fold_fits):
             oof_logits[fold == k] = fold_fit.logits(x[fold == k])
         # each page's document's best page, scored by the same out-of-fold model
-        oof_best = best_logits(records, oof_logits, pages_of_documents,
-                               lambda i, rows: fold_fits[fold[i]].logits(rows))
+        oof_best = record_best_logits(records, oof_logits, pages_of_documents,
+                                      lambda i, rows: fold_fits[fold[i]].logits(rows))
         # a filing's pages and a report's on one scale (CALIBRATION_FEATURES), and the
         # gap to the document's best page, judged out of fold twice over: logits of
         # models without the page's document, a calibration fitted without it
