@@ -174,7 +174,7 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
     # a new question in any domain, not only in the filings' (whose questions rarely repeat)
     x[np.ix_(_memory_dropped(records, MEMORY_DROPOUT, seed), _MEMORY_COLUMNS)] = 0.0
     for (question, _answer, doc_id), rows in pages_of_documents.items():
-        if stable_share(f"{seed}:{question}:{doc_id}") < MEMORY_DROPOUT:  # as _memory_dropped: with its records
+        if _drops_memory(question, doc_id, MEMORY_DROPOUT, seed):  # the document's pages go with its records
             rows[:, _MEMORY_COLUMNS] = 0.0
     memory = QuestionMemory.build([e for e, _g in entries])
     labels = [r.soft_label if r.soft_label is not None else float(r.relevance) for r in records]
@@ -237,7 +237,11 @@ def _memory_dropped(records: Sequence[TrainingRecord], share: float, seed: int) 
     """Rows whose (question, document) falls in the ``share`` trained without memory:
     a seeded hash, so the same rows every run, and a question's records with and
     without their answer go together."""
-    return np.asarray([stable_share(f"{seed}:{r.question}:{r.doc_id}") < share for r in records], dtype=bool)
+    return np.asarray([_drops_memory(r.question, r.doc_id, share, seed) for r in records], dtype=bool)
+
+
+def _drops_memory(question: str, doc_id: str | None, share: float, seed: int) -> bool:
+    return stable_share(f"{seed}:{question}:{doc_id}") < share
 
 
 def _oof_metrics(probs: np.ndarray, labels: np.ndarray) -> dict:
