@@ -214,7 +214,7 @@ class Settings:
                                            "registry's production model, else the shipped CPU model)")
     # 0.12: chosen on out-of-fold financebench training pools when the shipped model
     # was trained (kept 90 % of R@3 in 80 % of resamples of the queries), then checked on
-    # the held-out pools of both domains (docs/BENCHMARKS.md, section 8k); a retrained
+    # the held-out pools of both domains (docs/BENCHMARKS.md, sections 8k and 8l); a retrained
     # model records its own
     classifier_threshold: float = setting(0.12, "pages whose relevance probability is below it are dropped "
                                           "(0.12: chosen on out-of-fold training pools for the shipped model)",

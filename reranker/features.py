@@ -81,12 +81,14 @@ DOCUMENT_FEATURE_NAMES = (
     "doc_z_cos",        # cos_query standardised over the document's pages
     "doc_rank_cos_question",  # ln(1 + pages of the document with a higher cos_question)
     "doc_num_share",    # mean num_share of the document's pages: a filing's tables against a report's prose
+    "doc_local_bm25",   # BM25 with the document's own IDF (rare in this document), over the document's best
+    "doc_rank_local_bm25",  # ln(1 + pages of the document with a higher local BM25)
 )
 # Signs the relevance model's weights must keep (reranker/relevance_model.py): the
 # probability never rises as the page ranks lower in its document. With free signs
 # the fit paired a negative weight on the reciprocal-rank fusion with the log ranks
 # into a U: past the ranks seen in training, worse ranks scored higher.
-FEATURE_SIGNS = {"doc_rank_cos": -1, "doc_rank_bm25": -1, "doc_rank_cos_question": -1, "doc_rrf": +1}
+FEATURE_SIGNS = {"doc_rank_local_bm25": -1, "doc_rank_cos": -1, "doc_rank_bm25": -1, "doc_rank_cos_question": -1, "doc_rrf": +1}
 # Features constant over a document, left out of the relevance fit and fitted after it
 # on the out-of-fold logits (reranker/relevance_model.py, calibrate_documents): they move
 # a document's probabilities, never the order of its pages. Without them a filing's
@@ -186,9 +188,16 @@ class TermStatistics:
         return cls(int(data["pages"]), dict(data["df"]))
 
 
-def lexical_features(terms: QueryTerms, page_text: str, stats: TermStatistics | None = None) -> list[float]:
-    """cov_question .. statement_item of FEATURE_NAMES."""
-    toks = [_stem(t) for t in tokens(normalise_numbers(page_text or ""))]
+def page_stems(page_text: str) -> list[str]:
+    """The page's tokens as the lexical features match them (numbers normalised, crude stems)."""
+    return [_stem(t) for t in tokens(normalise_numbers(page_text or ""))]
+
+
+def lexical_features(terms: QueryTerms, page_text: str, stats: TermStatistics | None = None,
+                     stems: list[str] | None = None) -> list[float]:
+    """cov_question .. statement_item of FEATURE_NAMES; ``stems``: ``page_stems(page_text)``
+    when already at hand."""
+    toks = page_stems(page_text) if stems is None else stems
     n = len(toks)
     counts = Counter(toks)
     cov = lambda ts: sum(1 for t in ts if counts.get(t)) / len(ts) if ts else 0.0  # noqa: E731
@@ -266,9 +275,30 @@ def _higher_count(values: np.ndarray) -> np.ndarray:
     return len(values) - np.searchsorted(ordered, values, side="right")
 
 
-def document_features(page_features: np.ndarray) -> np.ndarray:
+def local_bm25(terms: QueryTerms, pages: Sequence[list[str]]) -> np.ndarray:
+    """BM25 of every page of one document (``page_stems`` of each) with the
+    document's own IDF: a term on few of this document's pages weighs most, whatever
+    else is indexed (a filing's "cyclical" is rare in it, "revenue" is not)."""
+    every = list(dict.fromkeys((*terms.question, *terms.answer_words, *terms.answer_numbers)))
+    if not every or not pages:
+        return np.zeros(len(pages))
+    wanted = set(every)
+    counts = [Counter(t for t in toks if t in wanted) for toks in pages]
+    lengths = [len(toks) for toks in pages]
+    n = len(pages)
+    df = Counter(t for c in counts for t in c)
+    idf = {t: math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5)) for t in every}
+    out = np.zeros(n)
+    for j, (c, length) in enumerate(zip(counts, lengths)):
+        norm = _K1 * (1 - _B + _B * length / _AVG_TOKENS)
+        out[j] = sum(idf[t] * c[t] * (_K1 + 1) / (c[t] + norm) for t in c)
+    return out
+
+
+def document_features(page_features: np.ndarray, local: np.ndarray | None = None) -> np.ndarray:
     """DOCUMENT_FEATURE_NAMES of every page of one document, from the page
-    features (PAGE_FEATURE_NAMES) of all its pages."""
+    features (PAGE_FEATURE_NAMES) of all its pages and their ``local_bm25``
+    (None: 0)."""
     cos = page_features[:, PAGE_FEATURE_NAMES.index("cos_query")]
     cos_question = page_features[:, PAGE_FEATURE_NAMES.index("cos_question")]
     bm25 = page_features[:, PAGE_FEATURE_NAMES.index("bm25_domain")]
@@ -283,6 +313,9 @@ def document_features(page_features: np.ndarray) -> np.ndarray:
     out[:, 5] = (cos - cos.mean()) / (cos.std() + 1e-6)
     out[:, 6] = np.log1p(_higher_count(cos_question))
     out[:, 7] = page_features[:, PAGE_FEATURE_NAMES.index("num_share")].mean()
+    if local is not None:
+        out[:, 8] = local / local.max() if local.max() > 0 else 0.0
+        out[:, 9] = np.log1p(_higher_count(local))
     return out
 
 
@@ -371,13 +404,19 @@ class FeatureExtractor:
         terms = query_terms(question, answer, language)
         match = self.memory.match(vecs[1], question) if self.memory is not None else None
         n_page = len(ROW_FEATURE_NAMES)
-        out[:, :n_page] = self._page_features(vecs, terms, pages, vector_source, match=match)
+        stems: dict[str, list[str]] = {}  # page text -> page_stems, for this query's pages and documents
+        out[:, :n_page] = self._page_features(vecs, terms, pages, vector_source, match=match, stems=stems)
+
+        def stand_alone(i: int) -> None:
+            local = local_bm25(terms, [stems[pages[i][2] or ""]])
+            out[i, n_page:] = document_features(out[i:i + 1, :n_page], local)[0]
+
         by_doc: dict[str, list[int]] = {}
         for i, (doc_id, page, _text) in enumerate(pages):
             if doc_id is not None and page is not None and document_source is not None:
                 by_doc.setdefault(doc_id, []).append(i)
             else:
-                out[i, n_page:] = document_features(out[i:i + 1, :n_page])[0]
+                stand_alone(i)
         for doc_id, rows in by_doc.items():
             document = document_source(doc_id)
             numbers = [n for n, _t in document] if document else []
@@ -390,14 +429,16 @@ class FeatureExtractor:
             # page is embedded here.
             # (with the memory: the model scores these pages too, for the document's best page)
             rest_features = (self._page_features(vecs, terms, rest, vector_source, match=match,
-                                                 stored_only=vector_source is not None) if known else None)
+                                                 stored_only=vector_source is not None, stems=stems)
+                             if known else None)
             if rest_features is None:
                 for i in rows:
-                    out[i, n_page:] = document_features(out[i:i + 1, :n_page])[0]
+                    stand_alone(i)
                 continue
             rest_rows = iter(rest_features)
             page_rows = np.vstack([known[n] if n in known else next(rest_rows) for n in numbers])
-            standing = document_features(page_rows[:, :len(PAGE_FEATURE_NAMES)])
+            local = local_bm25(terms, [stems.get(t or "") or page_stems(t) for _n, t in document])
+            standing = document_features(page_rows[:, :len(PAGE_FEATURE_NAMES)], local)
             pool.documents[doc_id] = np.hstack([page_rows, standing])
             position = {n: j for j, n in enumerate(numbers)}
             for i in rows:
@@ -406,7 +447,7 @@ class FeatureExtractor:
                     out[i, n_page:] = standing[position[page]]
                     pool.document_of[i] = doc_id
                 else:
-                    out[i, n_page:] = document_features(out[i:i + 1, :n_page])[0]
+                    stand_alone(i)
         return pool
 
     def page_windows(self, doc_id: str | None, page: int | None, text: str,
@@ -428,9 +469,11 @@ class FeatureExtractor:
 
     def _page_features(self, vecs, terms: QueryTerms, pages: Sequence[tuple[str | None, int | None, str]],
                        vector_source: PageVectorSource | None, match: MemoryMatch | None = None,
-                       stored_only: bool = False) -> np.ndarray | None:
+                       stored_only: bool = False, stems: dict[str, list[str]] | None = None) -> np.ndarray | None:
         """ROW_FEATURE_NAMES of ``pages``; with ``stored_only``, None as soon as a
-        page with text has no stored vectors (instead of embedding it here)."""
+        page with text has no stored vectors (instead of embedding it here).
+        ``stems`` (page text -> ``page_stems``) is filled for the pages read."""
+        stems = {} if stems is None else stems
         q_vec, question_vec, answer_vec = vecs
         n_page = len(PAGE_FEATURE_NAMES)
         out = np.zeros((len(pages), len(ROW_FEATURE_NAMES)), dtype=np.float64)
@@ -439,7 +482,10 @@ class FeatureExtractor:
             if vectors is None:
                 return None
             out[i, :4] = cosine_features(q_vec, question_vec, answer_vec, vectors)
-            out[i, 4:n_page] = lexical_features(terms, text, self.stats)
+            key = text or ""
+            if key not in stems:
+                stems[key] = page_stems(key)
+            out[i, 4:n_page] = lexical_features(terms, key, self.stats, stems[key])
             if match is not None and vectors.size and vectors.shape[1] == len(q_vec):
                 out[i, n_page:] = match.features(vectors)
         return out

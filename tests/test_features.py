@@ -13,7 +13,8 @@ from evidentia.records import Candidate
 from evidentia.retriever.query import build_query
 from evidentia.reranker.features import (CALIBRATION_FEATURES, DOCUMENT_FEATURE_NAMES, FEATURE_NAMES, FEATURE_SIGNS, PAGE_FEATURE_NAMES, ROW_FEATURE_NAMES,
                                          FeatureExtractor,
-                                         TermStatistics, document_features, lexical_features, query_terms,
+                                         TermStatistics, document_features, lexical_features, local_bm25, page_stems,
+                                         query_terms,
                                          stored_document_source, stored_vector_source, term_weight)
 from evidentia.reranker.relevance_model import FeatureModel, FeatureModelError, choose_threshold, fit, out_of_fold
 from evidentia.training.dataset import TrainingRecord
@@ -141,10 +142,31 @@ def test_a_page_without_its_document_stands_alone(embedder):
     ext = FeatureExtractor(embedder)
     unknown = ext.features(QUESTION, ANSWER, [("gone", 3, STAFF)], document_source={"d": DOCUMENT}.get)
     no_source = ext.features(QUESTION, ANSWER, [("d", 2, STAFF)])
+    alone = local_bm25(query_terms(QUESTION, ANSWER), [page_stems(STAFF)])
     for row in (unknown[0], no_source[0]):
         np.testing.assert_allclose(row[len(ROW_FEATURE_NAMES):],
-                                   document_features(row[None, :len(ROW_FEATURE_NAMES)])[0])
+                                   document_features(row[None, :len(ROW_FEATURE_NAMES)], alone)[0])
         assert _doc_feature(row, "doc_rank_cos") == 0.0
+        assert _doc_feature(row, "doc_local_bm25") == 0.0  # none of the question's keywords is on it
+    capex = ext.features(QUESTION, ANSWER, [("gone", 3, CAPEX)], document_source={"d": DOCUMENT}.get)[0]
+    assert _doc_feature(capex, "doc_local_bm25") == 1.0  # alone, a matching page is its document's best
+
+
+def test_local_bm25_weighs_a_term_by_its_rarity_in_the_document():
+    """A filing says "revenue" on every page and "cyclical" on one: the page that
+    says "cyclical" once beats the page that says "revenue" five times."""
+    terms = query_terms("Is the revenue cyclical?", "")
+    pages = ["revenue " * 5 + "grew in every segment", "demand is cyclical and our revenue follows it",
+             "revenue by region", "revenue recognition policies", "no match at all here"]
+    scores = local_bm25(terms, [page_stems(p) for p in pages])
+    assert scores.argmax() == 1 and scores[4] == 0.0
+    assert scores[1] > scores[0] > scores[2] == scores[3] > 0  # idf of "revenue": ln(1 + 1.5 / 4.5)
+    # the same pages in another order score the same: nothing but the document counts
+    np.testing.assert_allclose(local_bm25(terms, [page_stems(p) for p in pages[::-1]]), scores[::-1])
+    rows = np.zeros((len(pages), len(PAGE_FEATURE_NAMES)))
+    local = document_features(rows, scores)
+    np.testing.assert_allclose(local[:, DOCUMENT_FEATURE_NAMES.index("doc_local_bm25")], scores / scores.max())
+    np.testing.assert_allclose(np.expm1(local[:, DOCUMENT_FEATURE_NAMES.index("doc_rank_local_bm25")]), [1, 0, 2, 2, 4])
 
 
 def test_a_document_without_stored_vectors_is_not_embedded_whole_at_query_time(embedder):
