@@ -88,7 +88,8 @@ DOCUMENT_FEATURE_NAMES = (
 # probability never rises as the page ranks lower in its document. With free signs
 # the fit paired a negative weight on the reciprocal-rank fusion with the log ranks
 # into a U: past the ranks seen in training, worse ranks scored higher.
-FEATURE_SIGNS = {"doc_rank_local_bm25": -1, "doc_rank_cos": -1, "doc_rank_bm25": -1, "doc_rank_cos_question": -1, "doc_rrf": +1}
+FEATURE_SIGNS = {"doc_rank_cos": -1, "doc_rank_bm25": -1, "doc_rank_cos_question": -1, "doc_rank_local_bm25": -1,
+                 "doc_rrf": +1}
 # Features constant over a document, left out of the relevance fit and fitted after it
 # on the out-of-fold logits (reranker/relevance_model.py, calibrate_documents): they move
 # a document's probabilities, never the order of its pages. Without them a filing's
