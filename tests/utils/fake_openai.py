@@ -60,6 +60,16 @@ def error(status: int, message: str = "error") -> tuple[int, dict]:
     return status, {"error": {"message": message, "type": "fake_error", "code": None}}
 
 
+def _closed_by_client(connection: socket.socket) -> bool:
+    """Whether the client has closed this connection (without waiting or reading)."""
+    try:
+        return not connection.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
 class FakeOpenAI:
     def __init__(self, handler: Callable[[dict], Response] | None = None) -> None:
         self.requests: list[dict] = []
@@ -72,7 +82,11 @@ class FakeOpenAI:
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self.in_flight = 0  # requests being answered now
+        # the most connections the client held at once: counted when a request arrives,
+        # less the hanging ones the client has already closed (their handler may not
+        # have run yet to notice: on a busy machine that lag is not the client's)
         self.max_in_flight = 0
+        self._hanging: set[socket.socket] = set()
         self.request_times: list[float] = []  # time.monotonic() of each request
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._make_handler())
         self._server.daemon_threads = True
@@ -172,7 +186,8 @@ class FakeOpenAI:
                     return
                 with fake._lock:
                     fake.in_flight += 1
-                    fake.max_in_flight = max(fake.max_in_flight, fake.in_flight)
+                    closed = sum(1 for c in fake._hanging if _closed_by_client(c))
+                    fake.max_in_flight = max(fake.max_in_flight, fake.in_flight - closed)
                 try:
                     answer = fake._respond(request)
                     if answer is HANG:
@@ -191,14 +206,16 @@ class FakeOpenAI:
             def _hang(self) -> None:
                 """Answer nothing until the client closes the connection (so that
                 ``in_flight`` counts the connections the client still holds)."""
-                while not fake._stopping.is_set():
-                    readable, _, _ = select.select([self.connection], [], [], 0.2)
-                    if readable:
-                        try:
-                            if not self.connection.recv(1, socket.MSG_PEEK):
-                                return  # closed by the client
-                        except OSError:
+                with fake._lock:
+                    fake._hanging.add(self.connection)
+                try:
+                    while not fake._stopping.is_set():
+                        readable, _, _ = select.select([self.connection], [], [], 0.2)
+                        if readable and _closed_by_client(self.connection):
                             return
+                finally:
+                    with fake._lock:
+                        fake._hanging.discard(self.connection)
 
             def _drip(self, drip: Drip) -> None:
                 try:
