@@ -112,6 +112,15 @@ _AVG_TOKENS = 400.0
 _PREFIX = 6  # crude stemming: "expenditures" matches "expenditure"
 
 
+def _length_norm(n_tokens: int) -> float:
+    return _K1 * (1 - _B + _B * n_tokens / _AVG_TOKENS)
+
+
+def _bm25_term(weight: float, count: int, norm: float) -> float:
+    """One term's BM25 contribution: its weight times its saturated frequency."""
+    return weight * count * (_K1 + 1) / (count + norm)
+
+
 def _stem(tok: str) -> str:
     return tok[:_PREFIX] if len(tok) > _PREFIX and not tok[0].isdigit() else tok
 
@@ -142,6 +151,11 @@ class QueryTerms:
     has_answer: bool = False
     statements: frozenset = frozenset()  # financial statements the question names
     item_statements: frozenset = frozenset()  # statements printing a line item the question asks about
+
+    @property
+    def every(self) -> tuple[str, ...]:
+        """The terms BM25 scores: the question's, the answer's words and figures."""
+        return (*self.question, *self.answer_words, *self.answer_numbers)
 
 
 def query_terms(question: str, answer: str, language: str | None = None) -> QueryTerms:
@@ -202,8 +216,8 @@ def lexical_features(terms: QueryTerms, page_text: str, stats: TermStatistics | 
     n = len(toks)
     counts = Counter(toks)
     cov = lambda ts: sum(1 for t in ts if counts.get(t)) / len(ts) if ts else 0.0  # noqa: E731
-    norm = _K1 * (1 - _B + _B * n / _AVG_TOKENS)
-    tf = (sum(counts[t] * (_K1 + 1) / (counts[t] + norm) for t in terms.question if counts.get(t))
+    norm = _length_norm(n)
+    tf = (sum(_bm25_term(1.0, counts[t], norm) for t in terms.question if counts.get(t))
           / len(terms.question)) if terms.question else 0.0
     if terms.pairs and n > 1:
         bigrams = set(zip(toks, toks[1:]))
@@ -217,14 +231,14 @@ def lexical_features(terms: QueryTerms, page_text: str, stats: TermStatistics | 
         total = sum(w.get(t, 1.0) for t in ts)
         return sum(w.get(t, 1.0) for t in ts if counts.get(t)) / total if total else 0.0
 
-    every = (*terms.question, *terms.answer_words, *terms.answer_numbers)
+    every = terms.every
     total = sum(w.get(t, 1.0) for t in every)
-    bm25 = (sum(w.get(t, 1.0) * counts[t] * (_K1 + 1) / (counts[t] + norm) for t in every if counts.get(t))
+    bm25 = (sum(_bm25_term(w.get(t, 1.0), counts[t], norm) for t in every if counts.get(t))
             / total) if total else 0.0
     titled = titled_statements(page_text) if terms.statements or terms.item_statements else frozenset()
     domain = 0.0
     if stats is not None:
-        domain = sum(stats.idf(t) * counts[t] * (_K1 + 1) / (counts[t] + norm) for t in every if counts.get(t))
+        domain = sum(_bm25_term(stats.idf(t), counts[t], norm) for t in every if counts.get(t))
     return [
         cov(terms.question),
         cov(terms.answer_words),
@@ -280,7 +294,7 @@ def local_bm25(terms: QueryTerms, pages: Sequence[list[str]]) -> np.ndarray:
     """BM25 of every page of one document (``page_stems`` of each) with the
     document's own IDF: a term on few of this document's pages weighs most, whatever
     else is indexed (a filing's "cyclical" is rare in it, "revenue" is not)."""
-    every = list(dict.fromkeys((*terms.question, *terms.answer_words, *terms.answer_numbers)))
+    every = list(dict.fromkeys(terms.every))
     if not every or not pages:
         return np.zeros(len(pages))
     wanted = set(every)
@@ -291,8 +305,8 @@ def local_bm25(terms: QueryTerms, pages: Sequence[list[str]]) -> np.ndarray:
     idf = {t: math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5)) for t in every}
     out = np.zeros(n)
     for j, (c, length) in enumerate(zip(counts, lengths)):
-        norm = _K1 * (1 - _B + _B * length / _AVG_TOKENS)
-        out[j] = sum(idf[t] * c[t] * (_K1 + 1) / (c[t] + norm) for t in c)
+        norm = _length_norm(length)
+        out[j] = sum(_bm25_term(idf[t], c[t], norm) for t in c)
     return out
 
 
