@@ -15,6 +15,11 @@ ECE of the pools, and the share of R@3 and of the pool kept at each model's defa
 It does not measure the shipped model (docs/BENCHMARKS.md section 8 does, on the
 held-out split); the fold models see the held-out queries of other folds.
 
+With ``--cr-fold-by question`` the ClimRetrieve queries are cut by question instead
+(financebench stays by company): a report question is scored by a model that never met
+it, for any report, so the question memory cannot recall it: a new questionnaire
+(docs/BENCHMARKS.md section 8m).
+
     export EVIDENTIA_DATA_DIR=/tmp/evd     # indexed as in the README's "shipped model" commands
     python bench/crossfit_eval.py --fb-queries ../shared/data/financebench-dev/queries.jsonl \
         --cr-queries /tmp/cr/train_queries.jsonl --cr-queries /tmp/cr/heldout_queries.jsonl \
