@@ -212,12 +212,12 @@ class Settings:
     # -- classifier reranker
     classifier_model: str | None = setting(None, "model directory written by `evidentia train` (default: the "
                                            "registry's production model, else the shipped CPU model)")
-    # 0.13: chosen on out-of-fold financebench training pools when the shipped model
+    # 0.08: chosen on out-of-fold financebench training pools when the shipped model
     # was trained (kept 90 % of R@3 in 80 % of resamples of the queries), then checked on
     # the held-out pools of both domains (docs/BENCHMARKS.md, sections 8k to 8m); a retrained
     # model records its own
-    classifier_threshold: float = setting(0.13, "pages whose relevance probability is below it are dropped "
-                                          "(0.13: chosen on out-of-fold training pools for the shipped model)",
+    classifier_threshold: float = setting(0.08, "pages whose relevance probability is below it are dropped "
+                                          "(0.08: chosen on out-of-fold training pools for the shipped model)",
                                           parse=probability)
     classifier_batch_size: int = setting(16, "windows per classifier batch", parse=positive_int)
     classifier_max_length: int | None = setting(None, "tokens per classifier window (default: as trained)",
