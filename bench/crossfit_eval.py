@@ -165,8 +165,9 @@ def main() -> None:
     for k in range(args.folds):
         thresholds.append(train_and_evaluate(k, domains, args.folds, args.seed, args.work, args.cr_fold_by))
         print(f"fold {k + 1}/{args.folds}: default t {thresholds[-1]} ({time.perf_counter() - t0:.0f} s)", flush=True)
-    print(f"\ncross-fitted by company (ClimRetrieve by {args.cr_fold_by}), {args.folds} folds (seed {args.seed}); each model's own default t: "
-          + ", ".join(str(t) for t in thresholds) + f"; load {os.getloadavg()[0]:.1f}")
+    print(f"\ncross-fitted by company (ClimRetrieve by {args.cr_fold_by}), {args.folds} folds (seed {args.seed}); "
+          "each model's own default t: " + ", ".join(str(t) for t in thresholds)
+          + f"; load {os.getloadavg()[0]:.1f}")
     for domain, queries in domains.items():
         runs = args.work / f"run-{domain}.jsonl"
         rows = [row for k in range(args.folds) if (args.work / f"fold{k}" / f"run-{domain}.jsonl").exists()
