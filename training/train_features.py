@@ -52,7 +52,7 @@ DEFAULT_REGULARISATION = 0.1
 MEMORY_FOLDS = 5  # folds by document for the records' own memory features
 # Draws of the out-of-fold folds the default threshold is chosen on (each query's R@3
 # averaged over them): on one draw t moved from 0.08 to 0.145 with the draw for the same
-# model, on ten it stayed within 0.105-0.125 (docs/BENCHMARKS.md, section 8n).
+# model, on ten it stayed within 0.105-0.12 (docs/BENCHMARKS.md, section 8n).
 THRESHOLD_DRAWS = 10
 # Share of (question, document) pairs trained as if the question were new (memory
 # features 0, 0, 0). Without it every new question in training was a filing's, so a new
@@ -224,6 +224,7 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
                 pools[(r.question, r.answer)].append(i)
         # the same pools scored under other draws of the folds: which documents a page's
         # model was fitted without moves its probability, and t with it (THRESHOLD_DRAWS)
+        log(f"choosing the threshold on {THRESHOLD_DRAWS} out-of-fold draws of {len(pools)} queries' pools...")
         draws = [oof]
         for draw_seed in range(seed + 1, seed + THRESHOLD_DRAWS):
             logits_d, best_d = _out_of_fold_logits(records, x, labels, groups, pages_of_documents, regularisation,
