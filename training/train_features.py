@@ -115,8 +115,9 @@ def record_best_logits(records: Sequence[TrainingRecord], own_logits: np.ndarray
     return out
 
 
-def _out_of_fold_logits(records: Sequence[TrainingRecord], x: np.ndarray, labels, groups: Sequence[str],
-                        pages_of_documents: dict, regularisation: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def _out_of_fold_logits(records: Sequence[TrainingRecord], x: np.ndarray, labels: Sequence[float],
+                        groups: Sequence[str], pages_of_documents: dict, regularisation: float,
+                        seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Each record's logit from the fold model fitted without its document (folds drawn
     with ``seed``), and the best such logit among its document's pages."""
     fold, fold_fits = fold_models(x, labels, groups, regularisation=regularisation, seed=seed)
