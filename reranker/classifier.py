@@ -123,11 +123,22 @@ class ClassifierReranker(Reranker):
 
     def margins(self, question: str, answer: str, texts: Sequence[str]) -> list[float]:
         """LoRA models: the logit margin (relevant minus not) of each page, its best
-        window's. Features models: the logistic regression's logit."""
+        window's. Features models: ``pool_margins`` (their pages are read with their documents)."""
         if self.kind == "features":
-            return self.feature_model.logits(self._features(question, answer, [(None, None, t) for t in texts])).tolist()
+            raise TypeError("a features model scores candidates with their documents: use pool_margins")
         return score_margins(self.model, self.tokenizer, [(question, answer, t) for t in texts],
                              self.input_format, self.batch_size)
+
+    def pool_margins(self, question: str, answer: str, candidates: Sequence[Candidate]) -> list[float]:
+        """The margin of each candidate as reranking computes it, its probability
+        being sigmoid(margin): a features model's final logit, read with the
+        candidate's whole document when the reranker is attached to the index (the
+        document features and the document gap; page texts alone would score every
+        page as its document's only one); a LoRA model's margin of the page text."""
+        if self.kind == "features":
+            pool = self._pool_features(question, answer, [(c.doc_id, c.page, c.text) for c in candidates])
+            return self.feature_model.logits(pool.rows, self.feature_model.best_logits(pool)).tolist()
+        return self.margins(question, answer, [c.text for c in candidates])
 
     def _features(self, question: str, answer: str, pages):
         return self._pool_features(question, answer, pages).rows

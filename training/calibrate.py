@@ -9,6 +9,12 @@ first stage put it. On financebench a MiniLM classifier trained on 34 queries
 ranked worse than BM25 alone, and combined with its rank better than either
 (docs/BENCHMARKS.md, section 3). The probability still ranks the pages and the
 threshold still applies to it; only the calibration (in the model's metadata) changes.
+
+A features model's margin is its final logit z, read as when it reranks (with the
+page's whole document: document features and document gap); the fit a * z + b
+(never the rank) is folded into its weights, which is exactly a * z + b for every
+page, as the document gap is linear in the logit and a > 0 keeps each document's
+best page its best.
 """
 
 from __future__ import annotations
@@ -84,15 +90,16 @@ def pool_stats(pages: Sequence[PoolPage], calibration: Calibration) -> PoolStats
 
 def score_pools(reranker, pools: Iterable[tuple[EvalQuery, Sequence]],
                 on_page: Callable[[int], None] | None = None) -> list[PoolPage]:
-    """Margins of every page of every pool. ``reranker``: a ClassifierReranker;
-    ``pools``: (query, its first-stage candidates in order). A page in the pools of
-    two stages for the same query is scored once."""
+    """Margins of every page of every pool. ``reranker``: a ClassifierReranker
+    (attached to the index, a features model reads each page with its document, as
+    when it reranks); ``pools``: (query, its first-stage candidates in order). A
+    page in the pools of two stages for the same query is scored once."""
     out: list[PoolPage] = []
     known: dict[tuple[str, str, int], float] = {}
     for query, candidates in pools:
         todo = [c for c in candidates if (query.id, c.doc_id, c.page) not in known]
         if todo:
-            margins = reranker.margins(query.question, query.answer, [c.text for c in todo])
+            margins = reranker.pool_margins(query.question, query.answer, todo)
             known.update(((query.id, c.doc_id, c.page), m) for c, m in zip(todo, margins))
         out.extend(PoolPage(query.id, known[(query.id, c.doc_id, c.page)], rank,
                             int((c.doc_id, c.page) in query.relevant))
@@ -118,11 +125,15 @@ def calibrate(model_dir: Path, pages: Sequence[PoolPage], stages: Sequence[str],
     model_dir = Path(model_dir)
     metadata = ModelMetadata.read(model_dir)
     features_kind = metadata.extra.get("kind") == "features"
-    if features_kind:
-        # a features model's probability must stay a property of the page: the
-        # margin (its logit) is rescaled, the place in the pool never enters
-        pages = [PoolPage(p.query_id, p.margin, 1, p.relevant) for p in pages]
-    calibration = fit_pool_calibration(pages, regularisation)
+    # a features model's probability must stay a property of the page: the margin
+    # (its logit) is rescaled, the place in the pool never enters the fit (the
+    # stats below still need it: (query, place) names a page)
+    fitted_on = [PoolPage(p.query_id, p.margin, 1, p.relevant) for p in pages] if features_kind else pages
+    calibration = fit_pool_calibration(fitted_on, regularisation)
+    if features_kind and calibration.a <= 0:
+        # folded into the weights, a <= 0 would reverse the order of every document's pages
+        raise CalibrationError(f"on these pools the model's probability does not rise with relevance "
+                               f"(fitted slope {calibration.a:.3f}): the model is left as it was")
     previous = Calibration() if features_kind else metadata.calibration
     result = CalibrationResult(
         calibration=calibration,
@@ -136,8 +147,6 @@ def calibrate(model_dir: Path, pages: Sequence[PoolPage], stages: Sequence[str],
         model = metadata.extra["feature_model"]
         model["weights"] = [calibration.a * w for w in model["weights"]]
         model["bias"] = calibration.a * model["bias"] + calibration.b
-        result = CalibrationResult(Calibration(calibration.a, calibration.b, 0.0), result.previous, result.fitted,
-                                   result.queries, result.pages, result.relevant)
     else:
         metadata.calibration = calibration
     metadata.extra["pool_calibration"] = {

@@ -288,6 +288,7 @@ def calibrate_command(
         raise fail(str(exc), EXIT_BAD_INPUT)
     try:
         ctx.require_documents(all_doc_ids(qs), [pdf_dir] if pdf_dir else [], _missing_message("--pdf-dir"))
+        reranker.attach_backend(ctx.engine.backend)  # a features model reads each page with its document
         pools = []
         for name in stages:
             config = ctx.config(stage=name, reranker="none", pool_size=pool_size,
