@@ -396,11 +396,17 @@ def test_training_with_an_index_learns_the_document_gap(embedder, tmp_path):
 
     records = [TrainingRecord(QUESTION, ANSWER, text, int(n == 3), doc, n)
                for doc, pages in documents.items() for n, text in pages if n in (2, 3, 4)]
-    with_index = train_features(records, tmp_path / "a", log=lambda _m: None, embedder=embedder, backend=Index())
+    logged: list[str] = []
+    with_index = train_features(records, tmp_path / "a", log=logged.append, embedder=embedder, backend=Index())
     gap = with_index.extra["feature_model"]["document_gap"]
     assert len(gap) == 1 + len(CALIBRATION_FEATURES) and min(gap) >= 0 and sum(gap) > 0
-    alone = train_features(records, tmp_path / "b", log=lambda _m: None, embedder=embedder)
+    assert with_index.metrics["documents_indexed"] == 6 and not any("warning" in m for m in logged)
+    logged.clear()
+    alone = train_features(records, tmp_path / "b", log=logged.append, embedder=embedder)
     assert not any(alone.extra["feature_model"]["document_gap"])
+    # the user is told, not left with a model that never learnt how a page stands in its document
+    assert alone.metrics["documents_indexed"] == 0
+    assert [m for m in logged if m.startswith("warning: 6 of the records' 6 documents are not in the index")]
     # the best logit is the document's, shared by its records, and never below a record's own
     own = np.array([0.5, 2.0, 1.0])
     best = record_best_logits(records[:3], own, {(QUESTION, ANSWER, "doc0"): np.zeros((5, 1))},

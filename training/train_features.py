@@ -203,7 +203,16 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
     labels = [r.soft_label if r.soft_label is not None else float(r.relevance) for r in records]
     hard = np.asarray([r.relevance for r in records])
     model = fit(x, labels, regularisation=regularisation)
+    record_documents = {r.doc_id for r in records if r.doc_id and r.page}
+    indexed = record_documents & {doc_id for _q, _a, doc_id in pages_of_documents}
+    if record_documents - indexed:
+        # then the model learns how a page stands in its document from fewer documents
+        # than it will read at query time (none at all without an index: no document gap)
+        log(f"warning: {len(record_documents - indexed)} of the records' {len(record_documents)} documents are "
+            f"not in the index: their pages stand alone. Index them first (`evidentia index`, with the "
+            f"EVIDENTIA_DATA_DIR the records were made with) so the model learns from the documents it will read")
     metrics: dict = {"records": len(records), "positives": int(hard.sum()), "documents": len(set(groups)),
+                     "documents_indexed": len(indexed),
                      "memory": {"questions": memory.size, "window_vectors": len(memory.vectors),
                                 "similarity": memory.similarity},
                      "feature_seconds": round(time.perf_counter() - t0, 1)}
