@@ -492,6 +492,30 @@ def test_cli_dataset_indexes_missing_documents_with_page_vectors(tmp_path, make_
     assert json.loads(hybrid.stdout)["pages"][0]["page"] == 1
 
 
+@pytest.mark.parametrize("env_stage, flag, used", [(None, None, "bm25"), ("hybrid", None, "hybrid"),
+                                                     ("hybrid", "bm25", "bm25")])
+def test_cli_dataset_takes_negatives_from_the_stage_searches_use(tmp_path, make_pdf, monkeypatch, env_stage, flag,
+                                                                 used):
+    """Without --stage the negatives come from EVIDENTIA_STAGE's pools, the stage the
+    reranker will sit behind (they always came from bm25's); --stage overrides it."""
+    import evidentia.training.dataset as dataset
+
+    if env_stage:
+        monkeypatch.setenv("EVIDENTIA_STAGE", env_stage)
+    stages = []
+    real = dataset.records_from_queries
+    monkeypatch.setattr(dataset, "records_from_queries", lambda *a, **kw: stages.append(kw["stage"]) or real(*a, **kw))
+    pdfs = make_pdf("water-2021.pdf", ["Total water withdrawal was 4.2 million cubic metres in 2021.",
+                                       "The cafeteria menu changes every week."]).parent
+    queries = tmp_path / "queries.jsonl"
+    queries.write_text(json.dumps({"id": "q1", "doc_id": "water-2021", "question": "How much water was withdrawn?",
+                                   "answer": "4.2 million m3", "relevant_pages": [1]}) + "\n")
+    args = ["dataset", "--out", str(tmp_path / "r.jsonl"), "--queries", str(queries), "--pdf-dir", str(pdfs)]
+    made = CliRunner().invoke(app, args + (["--stage", flag] if flag else []))
+    assert made.exit_code == 0, made.output
+    assert stages == [used]
+
+
 def test_cli_dataset_document_negatives(tmp_path, make_pdf):
     pdfs = make_pdf("water-2022.pdf", ["Total water withdrawal was 4.2 million cubic metres in 2022.",
                                        "Water recycling rose in 2022.", "The cafeteria menu changes every week.",

@@ -23,8 +23,9 @@ def dataset_command(
     climretrieve: Optional[Path] = typer.Option(None, "--climretrieve",
                                                 help="Folder with ClimRetrieve's passages.jsonl."),
     negatives: int = typer.Option(8, "--negatives", help="Hard negatives per query (from the --stage pool)."),
-    stage: str = typer.Option("bm25", "--stage", help="First stage whose pool gives the negatives: bm25, dense "
-                              "or hybrid (the stage the reranker will sit behind)."),
+    stage: Optional[str] = typer.Option(None, "--stage", help="First stage whose pool gives the negatives: bm25, "
+                                        "dense or hybrid: the stage the reranker will sit behind (default: "
+                                        "EVIDENTIA_STAGE, the one searches use)."),
     document_negatives: int = typer.Option(DEFAULT_DOCUMENT_NEGATIVES, "--document-negatives",
                                            help="Random pages from the rest of each query's documents, also negatives "
                                                 "(the model then sees pages at every rank of a document, as relevant "
@@ -72,8 +73,9 @@ def dataset_command(
                        err=True)
             qs = train_qs
         ctx.require_documents(all_doc_ids(qs), [pdf_dir] if pdf_dir else [], _missing_message("--pdf-dir"))
-        if stage not in STAGES:
+        if stage is not None and stage not in STAGES:
             raise fail(f"--stage must be one of {', '.join(STAGES)}")
+        stage = ctx.config(stage=stage, reranker="none", flags={"stage": "--stage"}).stage
         if document_negatives < 0:
             raise fail("--document-negatives must be 0 or more")
         records.extend(records_from_queries(qs, ctx.engine, negatives_per_query=negatives,
@@ -252,8 +254,9 @@ def calibrate_command(
                                "calibration is rewritten in place."),
     queries: Path = typer.Option(..., "--queries", help="Labelled queries (the eval format), ideally ones the "
                                  "model was not trained on."),
-    stage: str = typer.Option("bm25", "--stage", help="First stage(s) whose pools are fitted on, comma-separated "
-                              "(bm25, dense, hybrid): the stages the model will rerank."),
+    stage: Optional[str] = typer.Option(None, "--stage", help="First stage(s) whose pools are fitted on, "
+                                        "comma-separated (bm25, dense, hybrid): the stages the model will rerank "
+                                        "(default: EVIDENTIA_STAGE, the one searches use)."),
     pdf_dir: Optional[Path] = typer.Option(None, "--pdf-dir", help="PDFs of the queries' documents, indexed if missing."),
     pool_size: Optional[int] = typer.Option(None, "--pool-size", help="Pages per pool (default EVIDENTIA_POOL_SIZE)."),
 ):
@@ -266,14 +269,17 @@ def calibrate_command(
     from evidentia.evaluation.queries import QueriesFileError, load_queries
     from evidentia.evaluation.runner import all_doc_ids
     from evidentia.reranker.classifier import ClassifierReranker
-    from evidentia.reranker.classifier_model import ModelLoadError
+    from evidentia.reranker.classifier_model import SHIPPED_MODEL_DIR, ModelLoadError
     from evidentia.retriever.base import BackendError
     from evidentia.training.calibrate import CalibrationError, calibrate, score_pools
 
-    stages = [s.strip() for s in stage.split(",") if s.strip()]
-    unknown = [s for s in stages if s not in STAGES]
-    if not stages or unknown:
+    stages: list[str | None] = [None] if stage is None else [s.strip() for s in stage.split(",") if s.strip()]
+    if not stages or any(s is not None and s not in STAGES for s in stages):
         raise fail(f"--stage: choose from {', '.join(STAGES)}")
+    if model.resolve() == SHIPPED_MODEL_DIR:
+        # rewritten in place, it would change the default of every search and API call
+        raise fail(f"the shipped model is not recalibrated in place: copy it (cp -r {model} my-model) and "
+                   "pass --model my-model (then EVIDENTIA_CLASSIFIER_MODEL=my-model)")
     if pool_size is not None and pool_size <= 0:
         raise fail("--pool-size must be a positive integer")
     try:
@@ -289,11 +295,12 @@ def calibrate_command(
     try:
         ctx.require_documents(all_doc_ids(qs), [pdf_dir] if pdf_dir else [], _missing_message("--pdf-dir"))
         reranker.attach_backend(ctx.engine.backend)  # a features model reads each page with its document
-        pools = []
+        pools, stage_names = [], []
         for name in stages:
             config = ctx.config(stage=name, reranker="none", pool_size=pool_size,
-                                flags={"pool_size": "--pool-size"})
-            pools.extend((q, ctx.engine.retrieve(ctx.engine.query(q.question, q.answer), q.doc_ids, name,
+                                flags={"pool_size": "--pool-size", "stage": "--stage"})
+            stage_names.append(config.stage)
+            pools.extend((q, ctx.engine.retrieve(ctx.engine.query(q.question, q.answer), q.doc_ids, config.stage,
                                                  config.pool_size)) for q in qs)
     except ConfigError as exc:
         raise fail(str(exc))
@@ -303,12 +310,12 @@ def calibrate_command(
                   every_s=ctx.settings.progress_interval_s) as bar:
         pages = score_pools(reranker, pools, on_page=bar.update)
     try:
-        result = calibrate(model, pages, stages, queries_source=queries.name)  # no path of this machine
+        result = calibrate(model, pages, stage_names, queries_source=queries.name)  # no path of this machine
     except CalibrationError as exc:
         raise fail(str(exc), EXIT_BAD_INPUT)
     c = result.calibration
     typer.echo(f"calibrated on {result.queries} queries, {result.pages} pool pages ({result.relevant} relevant), "
-               f"stages {','.join(stages)}: p = sigmoid({c.a:.3f} * margin {c.rank_weight:+.3f} * ln(rank) "
+               f"stages {','.join(stage_names)}: p = sigmoid({c.a:.3f} * margin {c.rank_weight:+.3f} * ln(rank) "
                f"{c.b:+.3f})")
     typer.echo(f"on these pools: P@3 {result.previous.p_at_3:.3f} -> {result.fitted.p_at_3:.3f}, "
                f"ECE {result.previous.ece:.3f} -> {result.fitted.ece:.3f} (in-sample)")
