@@ -440,22 +440,29 @@ def test_cli_search_with_a_bad_model_dir(search_env, tmp_path, monkeypatch):
     assert len(lines) == 1 and lines[0].startswith("error: ") and "not an Evidentia model directory" in lines[0]
 
 
-def test_cli_calibrate_fits_on_pools_and_rewrites_the_metadata(search_env, tmp_path, tmp_path_factory):
+def _calibration_case(tmp_path, tmp_path_factory, relevant_pages: list[int]):
+    """A copy of the tiny trained model, its metadata file's text, and a one-query
+    labelled file on the indexed tiny report."""
     import shutil
 
-    runner, app = search_env
     _, out, _ = tm.trained_model("encoder", tmp_path_factory)
     model = tmp_path / "model"
     shutil.copytree(out, model)
     queries = tmp_path / "q.jsonl"
     queries.write_text(json.dumps({"id": "q1", "doc_id": "tiny-report", "question": QUESTION, "answer": ANSWER,
-                                   "relevant_pages": [1]}) + "\n")
+                                   "relevant_pages": relevant_pages}) + "\n")
+    return model, (model / METADATA_FILE).read_text(), queries
+
+
+def test_cli_calibrate_fits_on_pools_and_rewrites_the_metadata(search_env, tmp_path, tmp_path_factory):
+    runner, app = search_env
+    model, before, queries = _calibration_case(tmp_path, tmp_path_factory, [1])
     result = runner.invoke(app, ["calibrate", "--model", str(model), "--queries", str(queries)])
     assert result.exit_code == 0, result.output
     assert "calibrated on 1 queries, 3 pool pages (1 relevant), stages bm25" in result.stdout
     meta = ModelMetadata.read(model)
     assert meta.extra["pool_calibration"]["pages"] == 3 and meta.extra["pool_calibration"]["stages"] == ["bm25"]
-    assert meta.calibration != ModelMetadata.read(out).calibration
+    assert meta.to_json()["calibration"] != json.loads(before)["calibration"]
     # the rewritten model still loads and reranks
     from evidentia.reranker.classifier import ClassifierReranker
 
@@ -466,16 +473,8 @@ def test_cli_calibrate_fits_the_stage_searches_use_by_default(search_env, tmp_pa
     """Without --stage the pools are those of EVIDENTIA_STAGE, the stage the model
     will rerank (it was always bm25): here hybrid, which this index (no page
     embeddings) cannot serve."""
-    import shutil
-
     runner, app = search_env
-    _, out, _ = tm.trained_model("encoder", tmp_path_factory)
-    model = tmp_path / "model"
-    shutil.copytree(out, model)
-    before = (model / METADATA_FILE).read_text()
-    queries = tmp_path / "q.jsonl"
-    queries.write_text(json.dumps({"id": "q1", "doc_id": "tiny-report", "question": QUESTION, "answer": ANSWER,
-                                   "relevant_pages": [1]}) + "\n")
+    model, before, queries = _calibration_case(tmp_path, tmp_path_factory, [1])
     monkeypatch.setenv("EVIDENTIA_STAGE", "hybrid")
     result = runner.invoke(app, ["calibrate", "--model", str(model), "--queries", str(queries)])
     assert result.exit_code == 3  # the backend cannot serve that stage here, and says why
@@ -515,16 +514,8 @@ def test_cli_calibrate_rejects_bad_options(search_env, tmp_path, tmp_path_factor
 
 
 def test_cli_calibrate_without_a_relevant_page_in_any_pool_changes_nothing(search_env, tmp_path, tmp_path_factory):
-    import shutil
-
     runner, app = search_env
-    _, out, _ = tm.trained_model("encoder", tmp_path_factory)
-    model = tmp_path / "model"
-    shutil.copytree(out, model)
-    before = (model / METADATA_FILE).read_text()
-    queries = tmp_path / "q.jsonl"
-    queries.write_text(json.dumps({"id": "q1", "doc_id": "tiny-report", "question": QUESTION, "answer": ANSWER,
-                                   "relevant_pages": [4]}) + "\n")  # page 4 never reaches the BM25 pool
+    model, before, queries = _calibration_case(tmp_path, tmp_path_factory, [4])  # page 4 never reaches the BM25 pool
     result = runner.invoke(app, ["calibrate", "--model", str(model), "--queries", str(queries)])
     assert result.exit_code == 1  # bad input
     assert "both relevant and non-relevant" in result.stderr
