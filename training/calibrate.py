@@ -130,8 +130,10 @@ def calibrate(model_dir: Path, pages: Sequence[PoolPage], stages: Sequence[str],
     # stats below still need it: (query, place) names a page)
     fitted_on = [PoolPage(p.query_id, p.margin, 1, p.relevant) for p in pages] if features_kind else pages
     calibration = fit_pool_calibration(fitted_on, regularisation)
-    if features_kind and calibration.a <= 0:
-        # folded into the weights, a <= 0 would reverse the order of every document's pages
+    if calibration.a < 0 or (features_kind and calibration.a == 0):
+        # a < 0 would rank the pages the model finds least relevant first (folded into
+        # a features model's weights, every document's order reversed; a = 0 there would
+        # leave no order at all); a LoRA model with a = 0 is ranked by its place alone
         raise CalibrationError(f"on these pools the model's probability does not rise with relevance "
                                f"(fitted slope {calibration.a:.3f}): the model is left as it was")
     previous = Calibration() if features_kind else metadata.calibration
