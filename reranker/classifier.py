@@ -136,12 +136,9 @@ class ClassifierReranker(Reranker):
         document features and the document gap; page texts alone would score every
         page as its document's only one); a LoRA model's margin of the page text."""
         if self.kind == "features":
-            pool = self._pool_features(question, answer, [(c.doc_id, c.page, c.text) for c in candidates])
-            return self.feature_model.logits(pool.rows, self.feature_model.best_logits(pool)).tolist()
+            pages = [(c.doc_id, c.page, c.text) for c in candidates]
+            return self.feature_model.pool_logits(self._pool_features(question, answer, pages)).tolist()
         return self.margins(question, answer, [c.text for c in candidates])
-
-    def _features(self, question: str, answer: str, pages):
-        return self._pool_features(question, answer, pages).rows
 
     def _pool_features(self, question: str, answer: str, pages):
         vectors = documents = None

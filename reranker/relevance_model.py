@@ -60,8 +60,7 @@ class FeatureModel:
         return g
 
     def probabilities(self, features: np.ndarray, best_logits: np.ndarray | None = None) -> np.ndarray:
-        z = self.logits(features, best_logits)
-        return 1.0 / (1.0 + np.exp(-np.clip(z, -60, 60)))
+        return _expit(self.logits(features, best_logits))
 
     def best_logits(self, pool: PoolFeatures) -> np.ndarray:
         """The highest z among the pages of each pool row's document (the row's own z
@@ -71,8 +70,12 @@ class FeatureModel:
         return np.array([max(z, best.get(doc, z)) if doc is not None else z
                          for z, doc in zip(own.tolist(), pool.document_of)])
 
+    def pool_logits(self, pool: PoolFeatures) -> np.ndarray:
+        """The final logit of each pool row, its document's best page read (document gap)."""
+        return self.logits(pool.rows, self.best_logits(pool))
+
     def pool_probabilities(self, pool: PoolFeatures) -> np.ndarray:
-        return self.probabilities(pool.rows, self.best_logits(pool))
+        return _expit(self.pool_logits(pool))
 
     def to_dict(self) -> dict:
         return {"names": list(self.names), "mean": self.mean, "scale": self.scale, "weights": self.weights,
@@ -238,7 +241,7 @@ def calibrated_out_of_fold(logits: np.ndarray, features: np.ndarray, labels: Seq
         best_train = None if best_logits is None else best_logits[~test]
         calibration = DocumentCalibration.fit(logits[~test], features[~test], labels[~test], best_train)
         z = calibration.logits(logits[test], features[test], None if best_logits is None else best_logits[test])
-        out[test] = 1.0 / (1.0 + np.exp(-np.clip(z, -60, 60)))
+        out[test] = _expit(z)
     return out
 
 
@@ -254,7 +257,7 @@ def _sign_constrained_logistic(z: np.ndarray, y: np.ndarray, w: np.ndarray, c: f
         coef, bias = theta[:-1], theta[-1]
         margin = z @ coef + bias
         loss = np.sum(w * (np.logaddexp(0.0, margin) - y * margin))
-        residual = w * (1.0 / (1.0 + np.exp(-np.clip(margin, -60, 60))) - y)
+        residual = w * (_expit(margin) - y)
         grad = np.concatenate([c * (z.T @ residual) + coef, [c * residual.sum()]])
         return c * loss + 0.5 * coef @ coef, grad
 
@@ -390,6 +393,10 @@ def choose_threshold(pools: Sequence[tuple[Sequence[float], Sequence[int]]], min
         raise FeatureModelError(f"no threshold keeps {min_recall_kept:.0%} of R@{k} while returning at most "
                                 f"{max_pool_share:.0%} of the pool")
     return ThresholdChoice(best[0], round(float(best[1]), 4), round(float(best[2]), 4), sweep, confidence)
+
+
+def _expit(z: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-np.clip(z, -60, 60)))
 
 
 def sigmoid(z: float) -> float:
