@@ -42,6 +42,7 @@ from paired_bootstrap import compare, per_query  # noqa: E402
 
 from evidentia.config import Settings  # noqa: E402
 from evidentia.evaluation.metrics import expected_calibration_error  # noqa: E402
+from evidentia.training.dataset import DEFAULT_FOREIGN_NEGATIVES  # noqa: E402
 
 DEFAULT_T = "hybrid+classifier@default"
 CONFIGS = ("hybrid", "hybrid+cosine", "hybrid+classifier")
@@ -83,7 +84,7 @@ def run(cmd: list[str], log: Path, env: dict | None = None) -> None:
 
 
 def train_and_evaluate(k: int, domains: dict[str, list[dict]], folds: int, seed: int, work: Path,
-                       cr_fold_by: str = "company") -> float:
+                       cr_fold_by: str = "company", foreign_negatives: int = DEFAULT_FOREIGN_NEGATIVES) -> float:
     """Fold k: the README's dataset and train commands on the other folds, eval on
     fold k. Returns the model's default threshold."""
     fold_dir = work / f"fold{k}"
@@ -95,7 +96,11 @@ def train_and_evaluate(k: int, domains: dict[str, list[dict]], folds: int, seed:
         test = [q for q in queries if fold_of(fold_key(q, domain, cr_fold_by), folds, seed) == k]
         write_jsonl(fold_dir / f"train-{domain}-queries.jsonl", train)
         write_jsonl(fold_dir / f"test-{domain}-queries.jsonl", test)
+    for domain in domains:
         extra = ["--document-negatives", "200"] if domain == "cr" else []
+        if domain == "fb" and foreign_negatives > 0:  # as the README: the training reports are the filings' foreign documents
+            extra = ["--foreign-queries", str(fold_dir / "train-cr-queries.jsonl"),
+                     "--foreign-negatives", str(foreign_negatives)]
         run(["evidentia", "dataset", "--queries", str(fold_dir / f"train-{domain}-queries.jsonl"), "--negatives", "20",
              "--stage", "hybrid", *extra, "--out", str(fold_dir / f"train-{domain}.jsonl")], log)
         records.append((fold_dir / f"train-{domain}.jsonl").read_text(encoding="utf-8"))
@@ -119,6 +124,12 @@ def train_and_evaluate(k: int, domains: dict[str, list[dict]], folds: int, seed:
             if row["config"] == f"hybrid+classifier@{t}":
                 row["config"] = DEFAULT_T
         write_jsonl(fold_dir / f"run-{domain}.jsonl", rows)
+    # the fold's filing questions in its reports and back: documents that cannot hold their evidence
+    tests = [fold_dir / f"test-{domain}-queries.jsonl" for domain in ("fb", "cr")]
+    if all(path.read_text(encoding="utf-8").strip() for path in tests):
+        run([sys.executable, str(Path(__file__).resolve().parent / "foreign_documents.py"), "--queries", str(tests[0]),
+             "--foreign-queries", str(tests[1]), "--model", str(model), "--threshold", str(t), "--json"],
+            fold_dir / "foreign.json", env)
     return t
 
 
@@ -157,13 +168,16 @@ def main() -> None:
     ap.add_argument("--cr-fold-by", choices=("company", "question"), default="company",
                     help="question: every ClimRetrieve query is scored by a model that never met its question "
                          "(for any report): the question memory cannot help, as with a new questionnaire")
+    ap.add_argument("--foreign-negatives", type=int, default=DEFAULT_FOREIGN_NEGATIVES,
+                    help="the financebench records' foreign-document negatives per query (0: none)")
     args = ap.parse_args()
     domains = {"fb": read_jsonl(args.fb_queries), "cr": [q for f in args.cr_queries for q in read_jsonl(f)]}
     args.work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     thresholds = []
     for k in range(args.folds):
-        thresholds.append(train_and_evaluate(k, domains, args.folds, args.seed, args.work, args.cr_fold_by))
+        thresholds.append(train_and_evaluate(k, domains, args.folds, args.seed, args.work, args.cr_fold_by,
+                                             args.foreign_negatives))
         print(f"fold {k + 1}/{args.folds}: default t {thresholds[-1]} ({time.perf_counter() - t0:.0f} s)", flush=True)
     print(f"\ncross-fitted by company (ClimRetrieve by {args.cr_fold_by}), {args.folds} folds (seed {args.seed}); "
           "each model's own default t: " + ", ".join(str(t) for t in thresholds)
@@ -193,6 +207,22 @@ def main() -> None:
         print(f"  pools: {stats['pages']} pages, {stats['relevant']} relevant, mean p {stats['mean_p']:.3f}, "
               f"ECE {stats['ECE']:.3f}; at the default t: {stats['R@3 kept']:.0%} of R@3 kept, "
               f"{stats['pool share']:.0%} of the pool returned")
+    foreign = [json.loads(lines[-1]) for k in range(args.folds)
+               if (path := args.work / f"fold{k}" / "foreign.json").exists()
+               and (lines := path.read_text(encoding="utf-8").strip().splitlines())]
+    if foreign:
+        print(f"\nfilings' questions in the fold's reports and back ({len(foreign)} folds, each at its own t; "
+              "bench/foreign_documents.py):")
+        for key, label in (("queries: own documents", "filing questions, own filing"),
+                           ("queries: foreign documents", "filing questions, a climate report"),
+                           ("foreign: own documents", "report questions, own report"),
+                           ("foreign: foreign documents", "report questions, a filing")):
+            rows = [f[key] for f in foreign]
+            n = sum(r["pools"] for r in rows)
+            mean_best = sum(r["best_p_mean"] * r["pools"] for r in rows) / n
+            keeping = sum(r["pools_keeping_a_page"] * r["pools"] for r in rows) / n
+            print(f"  {label}: {n} pools, best p mean {mean_best:.3f}, max {max(r['best_p_max'] for r in rows):.3f}; "
+                  f"{keeping:.0%} keep a page at t")
 
 
 if __name__ == "__main__":

@@ -83,6 +83,7 @@ DOCUMENT_FEATURE_NAMES = (
     "doc_num_share",    # mean num_share of the document's pages: a filing's tables against a report's prose
     "doc_local_bm25",   # BM25 with the document's own IDF (rare in this document), over the document's best
     "doc_rank_local_bm25",  # ln(1 + pages of the document with a higher local BM25)
+    "doc_cov_query",    # how far the document falls short of holding half the query keywords' weight (coverage_shortfall)
 )
 # Signs the relevance model's weights must keep (reranker/relevance_model.py): the
 # probability never rises as the page ranks lower in its document. With free signs
@@ -97,7 +98,15 @@ FEATURE_SIGNS = {"doc_rank_cos": -1, "doc_rank_bm25": -1, "doc_rank_cos_question
 # often as a report's: cross-validated on the training split, filings' pools averaged
 # p 0.069 for a relevance rate of 0.050, ECE 0.020; 0.048 and 0.008 with it); inside the
 # fit they cost a financebench P@1 query (docs/BENCHMARKS.md sections 8f, 8h).
-CALIBRATION_FEATURES = ("doc_num_share",)
+#
+# doc_cov_query: a document that cannot hold a query's evidence (another company's,
+# another subject's) still has a best page, and its ranks in the document made it look
+# like evidence (a filing's question searched in a climate report: best page at median
+# p 0.26 on the held-out split, docs/BENCHMARKS.md section 8p). Whether the document
+# names what the query names at all (the company, the line item) moves all its pages
+# together; its weight is learnt from pages of such documents in training
+# (training/dataset.py, foreign negatives).
+CALIBRATION_FEATURES = ("doc_num_share", "doc_cov_query")
 # A page's own features: PAGE_FEATURE_NAMES, then the question memory's
 # (reranker/question_memory.py); the document features are derived from them.
 ROW_FEATURE_NAMES = PAGE_FEATURE_NAMES + MEMORY_FEATURE_NAMES
@@ -310,10 +319,48 @@ def local_bm25(terms: QueryTerms, pages: Sequence[list[str]]) -> np.ndarray:
     return out
 
 
-def document_features(page_features: np.ndarray, local: np.ndarray | None = None) -> np.ndarray:
+# A document holding at least this share of the keywords' weight is not judged by it:
+# on the training split, half of the filings' own documents held 0.78 of it and 9 % less
+# than one half, while their questions' keywords in climate reports reached a median
+# 0.20 (93 % below one half). Below it, the shortfall counts in log terms.
+COVERAGE_ENOUGH = 0.5
+_COVERAGE_FLOOR = 0.05  # keeps ln finite for a document holding no keyword
+
+
+def document_coverage(terms: QueryTerms, pages: Sequence[list[str]]) -> float:
+    """Share of the keywords' weight found on any of the document's pages (``page_stems``
+    of each): of the question's, or of the whole query's (question, answer words and
+    figures), whichever is larger, so that a long answer (a narrative, a definition) or
+    an answer's computed figures never make the document look foreign."""
+    every = set(terms.every)
+    if not every:
+        return 0.0
+    found = set()
+    for toks in pages:
+        found.update(every.intersection(toks))
+    w = terms.weights or {}
+
+    def share(keywords) -> float:
+        distinct = list(dict.fromkeys(keywords))  # in the query's order: the same sum on every run
+        total = sum(w.get(t, 1.0) for t in distinct)
+        return sum(w.get(t, 1.0) for t in distinct if t in found) / total if total else 0.0
+
+    return max(share(terms.question), share(terms.every))
+
+
+def coverage_shortfall(coverage: float | None) -> float:
+    """doc_cov_query: ln((coverage + floor) / (COVERAGE_ENOUGH + floor)) below
+    COVERAGE_ENOUGH, 0 above it and for a document that is not known (None)."""
+    if coverage is None:
+        return 0.0
+    return min(0.0, math.log((coverage + _COVERAGE_FLOOR) / (COVERAGE_ENOUGH + _COVERAGE_FLOOR)))
+
+
+def document_features(page_features: np.ndarray, local: np.ndarray | None = None,
+                      coverage: float | None = None) -> np.ndarray:
     """DOCUMENT_FEATURE_NAMES of every page of one document, from the page
-    features (PAGE_FEATURE_NAMES) of all its pages and their ``local_bm25``
-    (None: 0)."""
+    features (PAGE_FEATURE_NAMES) of all its pages, their ``local_bm25`` (None: 0)
+    and the document's ``document_coverage`` (None: unknown)."""
     cos = page_features[:, PAGE_FEATURE_NAMES.index("cos_query")]
     cos_question = page_features[:, PAGE_FEATURE_NAMES.index("cos_question")]
     bm25 = page_features[:, PAGE_FEATURE_NAMES.index("bm25_domain")]
@@ -331,6 +378,7 @@ def document_features(page_features: np.ndarray, local: np.ndarray | None = None
     if local is not None:
         out[:, 8] = local / local.max() if local.max() > 0 else 0.0
         out[:, 9] = np.log1p(_higher_count(local))
+    out[:, 10] = coverage_shortfall(coverage)
     return out
 
 
@@ -423,6 +471,7 @@ class FeatureExtractor:
         out[:, :n_page] = self._page_features(vecs, terms, pages, vector_source, match=match, stems=stems)
 
         def stand_alone(i: int) -> None:
+            # its document unknown: one page is no measure of what the document holds
             local = local_bm25(terms, [stems[pages[i][2] or ""]])
             out[i, n_page:] = document_features(out[i:i + 1, :n_page], local)[0]
 
@@ -452,8 +501,9 @@ class FeatureExtractor:
                 continue
             rest_rows = iter(rest_features)
             page_rows = np.vstack([known[n] if n in known else next(rest_rows) for n in numbers])
-            local = local_bm25(terms, [stems.get(t or "") or page_stems(t) for _n, t in document])
-            standing = document_features(page_rows[:, :len(PAGE_FEATURE_NAMES)], local)
+            document_stems = [stems.get(t or "") or page_stems(t) for _n, t in document]
+            standing = document_features(page_rows[:, :len(PAGE_FEATURE_NAMES)], local_bm25(terms, document_stems),
+                                         document_coverage(terms, document_stems))
             pool.documents[doc_id] = np.hstack([page_rows, standing])
             position = {n: j for j, n in enumerate(numbers)}
             for i in rows:

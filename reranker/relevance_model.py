@@ -85,6 +85,12 @@ class FeatureModel:
     @classmethod
     def from_dict(cls, data: dict) -> "FeatureModel":
         names = tuple(data["names"])
+        gap = tuple(float(v) for v in data.get("document_gap") or ())
+        had = [n for n in CALIBRATION_FEATURES if n in names]
+        if gap and len(had) < len(CALIBRATION_FEATURES) and len(gap) == 1 + len(had):
+            # a model from before a document calibration feature: its gap never read it
+            by_feature = dict(zip(had, gap[1:]))
+            gap = (gap[0], *(by_feature.get(n, 0.0) for n in CALIBRATION_FEATURES))
         if any(len(data[k]) != len(names) for k in ("mean", "scale", "weights")):
             raise FeatureModelError(f"the model file is damaged: {len(names)} feature names but "
                                     f"{len(data['weights'])} weights; retrain it with `evidentia train --kind features`")
@@ -102,7 +108,6 @@ class FeatureModel:
         if names != FEATURE_NAMES:
             raise FeatureModelError(f"the model was fitted on features {', '.join(names)}; this version computes "
                                     f"{', '.join(FEATURE_NAMES)}: retrain it with `evidentia train --kind features`")
-        gap = tuple(float(v) for v in data.get("document_gap") or ())
         if gap and (len(gap) != 1 + len(CALIBRATION_FEATURES) or min(gap) < 0):
             raise FeatureModelError(f"the model file is damaged: document_gap {list(gap)}; retrain it with "
                                     "`evidentia train --kind features`")
@@ -139,8 +144,10 @@ def fit(features: np.ndarray, labels: Sequence[float], weights: Sequence[float] 
         w = w * np.asarray(weights, dtype=np.float64)[rows]
     if len(set(y.tolist())) < 2:
         raise FeatureModelError("the training data needs relevant and non-relevant pages")
-    mean = x.mean(axis=0)
-    scale = x.std(axis=0)
+    # rows of weight 0 take no part in the fit, nor in the standardisation
+    active = x if weights is None else x[np.asarray(weights, dtype=np.float64) > 0]
+    mean = active.mean(axis=0)
+    scale = active.std(axis=0)
     scale[scale == 0] = 1.0
     z = (x - mean) / scale
     coef, bias = _sign_constrained_logistic(z[rows], y.astype(np.float64), w, regularisation,

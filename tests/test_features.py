@@ -13,8 +13,8 @@ from evidentia.records import Candidate
 from evidentia.retriever.query import build_query
 from evidentia.reranker.features import (CALIBRATION_FEATURES, DOCUMENT_FEATURE_NAMES, FEATURE_NAMES, FEATURE_SIGNS, PAGE_FEATURE_NAMES, ROW_FEATURE_NAMES,
                                          FeatureExtractor,
-                                         TermStatistics, document_features, lexical_features, local_bm25, page_stems,
-                                         query_terms,
+                                         COVERAGE_ENOUGH, TermStatistics, coverage_shortfall, document_coverage,
+                                         document_features, lexical_features, local_bm25, page_stems, query_terms,
                                          stored_document_source, stored_vector_source, term_weight)
 from evidentia.reranker.relevance_model import FeatureModel, FeatureModelError, choose_threshold, fit, out_of_fold
 from evidentia.training.dataset import TrainingRecord
@@ -168,6 +168,39 @@ def test_local_bm25_weighs_a_term_by_its_rarity_in_the_document():
     local = document_features(rows, scores)
     np.testing.assert_allclose(local[:, DOCUMENT_FEATURE_NAMES.index("doc_local_bm25")], scores / scores.max())
     np.testing.assert_allclose(np.expm1(local[:, DOCUMENT_FEATURE_NAMES.index("doc_rank_local_bm25")]), [1, 0, 2, 2, 4])
+
+
+def test_document_coverage_counts_the_query_keywords_anywhere_in_the_document():
+    terms = query_terms(QUESTION, ANSWER)
+    pages = [page_stems(CAPEX), page_stems(STAFF)]
+    whole = document_coverage(terms, pages)
+    assert document_coverage(terms, pages[:1]) == whole  # the staff page adds none of the query's keywords
+    assert 0.5 < whole < 1.0  # not "3M", nor the question's "amount" and "USD"
+    climate = [page_stems("Scope 1 emissions fell by 12 % as our sites bought renewable electricity.")]
+    assert document_coverage(terms, climate) < 0.2
+    assert document_coverage(query_terms("", ""), pages) == 0.0
+    # a document holding half the weight or more is not judged by it; below, the shortfall grows as ln
+    assert coverage_shortfall(whole) == coverage_shortfall(COVERAGE_ENOUGH) == coverage_shortfall(None) == 0.0
+    assert 0.0 > coverage_shortfall(0.3) > coverage_shortfall(0.1) > coverage_shortfall(0.0)
+
+
+def test_document_coverage_is_the_same_number_in_every_process():
+    """Summed in the query's order, not a set's (whose order changes with
+    PYTHONHASHSEED): the model trained twice from the same records is the same bit for bit."""
+    import os
+    import subprocess
+    import sys
+
+    question = "How did the FY2018 outlook change, as an equity research analyst without internet would see it?"
+    answer = ("Capital expenditure was $1,577 million, up from 1,373 as purchases of property, plant and equipment "
+              "rose with new factories in Asia, Europe and Brazil; depreciation 1,488; research 1,821; dividends 3,193")
+    page = ("Cash flows: purchases of property, plant and equipment (1,577) (1,373); capital expenditures of $1,577 "
+            "million; factories in Asia and Brazil; depreciation 1,488; research 1,821; dividends 3,193; outlook")
+    code = ("from evidentia.reranker.features import document_coverage, page_stems, query_terms; "
+            f"print(repr(document_coverage(query_terms({question!r}, {answer!r}), [page_stems({page!r})])))")
+    seen = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout for seed in range(6)}
+    assert len(seen) == 1, seen
 
 
 def test_a_document_without_stored_vectors_is_not_embedded_whole_at_query_time(embedder):
@@ -414,6 +447,61 @@ def test_training_with_an_index_learns_the_document_gap(embedder, tmp_path):
     np.testing.assert_allclose(best, [1.5, 2.0, 1.5])
 
 
+def test_pages_of_a_document_that_cannot_hold_the_evidence_teach_the_calibration_only(embedder, tmp_path):
+    """Foreign documents' pages (training/dataset.py: the question searched in another
+    domain's document) enter the document calibration, where the document's coverage
+    of the query tells them apart; not the page weights, the question memory or the
+    threshold's pools. The best page of such a document then ranks no higher in its
+    document, but is far less probable."""
+    from evidentia.records import Document, Page, PageVectors
+    from evidentia.reranker.classifier import ClassifierReranker
+    from evidentia.training.dataset import FOREIGN_SOURCE
+    from evidentia.training.train_features import train_features
+
+    climate = ["Scope 1 emissions fell by 12 % as our sites bought renewable electricity.",
+               "Water withdrawal at our mines was 4.2 million cubic metres.",
+               "Our climate targets: net zero operational emissions by 2050."]
+    documents = {f"doc{d}": [(1, CONTENTS + f" Item {d}."), (2, STAFF + f" Note {d}."),
+                             (3, CAPEX.replace("2018", str(2010 + d))), (4, STAFF + f" Benefits {d}.")]
+                 for d in range(6)}
+    documents.update({f"climate{d}": [(n, text + f" Site {d}.") for n, text in enumerate(climate, 1)]
+                      for d in range(6)})
+
+    class Index:
+        def stored_document(self, doc_id):
+            pages = documents.get(doc_id)
+            return pages and Document(doc_id, tuple(Page(doc_id, n, t, t, "en", len(t)) for n, t in pages))
+
+        def page_vectors(self, doc_id):
+            rows = [(n, v) for n, t in documents[doc_id] for v in embedder._encode(embedder.windows(t))]
+            return PageVectors(embedder.name, np.array([n for n, _ in rows], dtype=np.int32),
+                               np.stack([v for _, v in rows]))
+
+    own = [TrainingRecord(QUESTION, ANSWER, text, int(n == 3), doc, n)
+           for doc, pages in documents.items() if doc.startswith("doc") for n, text in pages]
+    foreign = [TrainingRecord(QUESTION, ANSWER, text, 0, doc, n, FOREIGN_SOURCE)
+               for doc, pages in documents.items() if doc.startswith("climate") for n, text in pages]
+    without = train_features(own, tmp_path / "without", log=lambda _m: None, embedder=embedder, backend=Index())
+    with_foreign = train_features(own + foreign, tmp_path / "with", log=lambda _m: None, embedder=embedder,
+                                  backend=Index())
+    assert with_foreign.metrics["memory"] == without.metrics["memory"]
+    assert with_foreign.metrics.get("threshold", {}).get("queries") == without.metrics.get("threshold", {}).get("queries")
+    coverage = FEATURE_NAMES.index("doc_cov_query")
+    assert with_foreign.extra["feature_model"]["weights"][coverage] > 0  # the shortfall (<= 0) lowers the logit
+
+    def probabilities(directory, doc_id):
+        reranker = ClassifierReranker(directory, threshold=None, embedder=embedder)
+        reranker.attach_backend(Index())
+        pool = [Candidate(doc_id, n, 1.0, text) for n, text in documents[doc_id]]
+        return {p.page: p.probability for p in reranker.rerank(Q, pool).pages}
+
+    before, after = probabilities(tmp_path / "without", "climate0"), probabilities(tmp_path / "with", "climate0")
+    assert max(after, key=after.get) == max(before, key=before.get)
+    assert max(after.values()) < 0.5 * max(before.values())  # here 0.92 -> 0.05
+    evidence_before = probabilities(tmp_path / "without", "doc0")[3]
+    assert probabilities(tmp_path / "with", "doc0")[3] == pytest.approx(evidence_before, abs=0.1)
+
+
 def test_a_damaged_document_gap_is_refused():
     model = fit(*_toy(300)).to_dict()
     for gap in ([1.0], [-0.5, 1.0]):
@@ -432,6 +520,34 @@ def test_a_model_from_before_a_feature_was_added_still_loads():
     x[:, [FEATURE_NAMES.index(n) for n in added]] = 123.0  # weight 0: no effect
     np.testing.assert_allclose(FeatureModel.from_dict(old).probabilities(x),
                                FeatureModel.from_dict(without).probabilities(x))
+
+
+def test_a_model_from_before_a_document_calibration_feature_still_loads():
+    """Its document gap had one weight per calibration feature it knew: the new one's is 0."""
+    x, y = _toy(300)
+    model = fit(x, y).to_dict()
+    known = [n for n in CALIBRATION_FEATURES if n != "doc_cov_query"]
+    kept = [i for i, n in enumerate(model["names"]) if n != "doc_cov_query"]
+    old = {**model, **{k: [model[k][i] for i in kept] for k in ("names", "mean", "scale", "weights")},
+           "document_gap": [0.5] + [0.25] * len(known)}
+    loaded = FeatureModel.from_dict(old)
+    assert loaded.document_gap == (0.5, *([0.25] * len(known)), 0.0)
+    # the same probabilities as the model with the feature at weight 0, whatever its value
+    without = FeatureModel.from_dict({**model, "document_gap": [0.5] + [0.25] * len(known) + [0.0]})
+    x[:, FEATURE_NAMES.index("doc_cov_query")] = -2.0
+    best = np.full(len(x), 3.0)
+    np.testing.assert_allclose(loaded.probabilities(x, best), without.probabilities(x, best))
+    assert not np.allclose(loaded.probabilities(x, best), loaded.probabilities(x))  # the gap is read
+
+
+def test_rows_of_weight_zero_take_no_part_in_the_fit():
+    x, y = _toy(400)
+    noise = np.random.default_rng(3).normal(5.0, 9.0, size=(100, x.shape[1]))
+    weights = np.r_[np.ones(len(x)), np.zeros(len(noise))]
+    with_noise = fit(np.vstack([x, noise]), np.r_[y, np.ones(len(noise))], weights)
+    alone = fit(x, y)
+    np.testing.assert_allclose(with_noise.mean, alone.mean)
+    np.testing.assert_allclose(with_noise.weights, alone.weights, atol=1e-6)
 
 
 def test_soft_labels_train_towards_their_probability():

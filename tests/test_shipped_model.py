@@ -59,6 +59,43 @@ def test_shipped_model_loads_and_puts_the_evidence_first():
     assert reranker.default_threshold == Settings().classifier_threshold
 
 
+def test_shipped_model_finds_no_evidence_in_a_document_that_cannot_hold_it(make_pdf, tmp_path):
+    """A filing's question searched in a climate report: the report's best page is still
+    its best, but nothing there is probable enough to be kept; in the filing, the
+    evidence is first and kept. (Before the model read the document's coverage of the
+    query, the report's best page stood at p 0.25, above t: docs/BENCHMARKS.md 8p.)"""
+    from evidentia.engine import Engine
+
+    question = "What is the FY2018 capital expenditure amount (in USD millions) for 3M?"
+    answer = "$1577.00"
+    filing = make_pdf("3M_2018_10K.pdf", [
+        "Table of contents. Item 1. Business. Item 1A. Risk factors. Item 2. Properties. Item 3. Legal proceedings.",
+        "Employees. As of December 31, 2018, 3M employed about 93,000 people in 70 countries.",
+        "Consolidated Statement of Cash Flows. Cash Flows from Investing Activities. Purchases of property, plant "
+        "and equipment (PP&E) (1,577) (1,373) (1,420). Capital expenditures totalled $1,577 million in 2018.",
+        "Research, development and related expenses were $1,821 million in 2018."])
+    report = make_pdf("Acme_Climate_Report_2020.pdf", [
+        "Our climate strategy. We have set a medium-term target to reduce operational greenhouse gas emissions by "
+        "30 per cent from FY2020 levels by FY2030.",
+        "Scope 1 and Scope 2 emissions fell to 14.5 million tonnes CO2-e, as our sites bought renewable electricity.",
+        "We invested US$400 million in low-emissions technology over five years, including electric haul trucks.",
+        "Water withdrawal at our operations was 4.2 million cubic metres; we report against the TCFD framework."])
+    engine = Engine(Settings(data_dir=tmp_path / "data"))
+    engine.index_paths([filing, report], progress=False)
+    reranker = ClassifierReranker(None, threshold=None, embedder=engine.embedder)
+    reranker.attach_backend(engine.backend)
+    t = reranker.default_threshold
+    query = engine.query(question, answer)
+
+    def reranked(doc_id: str):
+        return reranker.rerank(query, engine.retrieve(query, [doc_id], "hybrid", 20)).pages
+
+    in_filing = reranked("3M_2018_10K")
+    assert in_filing[0].page == 3 and in_filing[0].probability >= t
+    in_report = reranked("Acme_Climate_Report_2020")
+    assert in_report and max(p.probability for p in in_report) < t
+
+
 def test_scoring_with_the_shipped_model_never_imports_torch():
     """torch costs 1.3 s of a fresh `search --reranker classifier`; the features model
     runs on the ONNX bi-encoder and numpy (torch only exports the ONNX file once)."""

@@ -533,3 +533,40 @@ def test_cli_dataset_document_negatives(tmp_path, make_pdf):
     # page 1 relevant, one pool negative (a water page), the pages the pool missed from the document
     assert sorted(r["page"] for r in records if r["source"] == "document") == [3, 4]
     assert [r["page"] for r in records if r["relevance"] == 1] == [1]
+
+
+def test_cli_dataset_foreign_negatives(tmp_path, make_pdf):
+    """--foreign-queries: the top of each query's pool in one of another domain's
+    documents (indexed), all negatives, marked as such."""
+    pdfs = make_pdf("water-2022.pdf", ["Total water withdrawal was 4.2 million cubic metres in 2022.",
+                                       "The cafeteria menu changes every week."]).parent
+    make_pdf("acme-10k.pdf", ["Water and sewer costs of the stores rose in 2022.", "Revenue was $1,577 million.",
+                              "Water rights are recorded at cost.", "The Board of Directors met four times."])
+    queries = tmp_path / "queries.jsonl"
+    queries.write_text(json.dumps({"id": "q1", "doc_id": "water-2022", "question": "How much water was withdrawn?",
+                                   "answer": "4.2 million m3", "relevant_pages": [1]}) + "\n")
+    other = tmp_path / "filings.jsonl"
+    other.write_text(json.dumps({"id": "f1", "doc_id": "acme-10k", "question": "What was revenue?",
+                                 "answer": "$1,577 million", "relevant_pages": [2]}) + "\n")
+    out = tmp_path / "records.jsonl"
+    data = tmp_path / "data"
+    args = ["dataset", "--out", str(out), "--queries", str(queries), "--pdf-dir", str(pdfs), "--negatives", "1",
+            "--document-negatives", "0", "--foreign-queries", str(other)]
+    env = {"EVIDENTIA_DATA_DIR": str(data)}
+    missing = CliRunner().invoke(app, args, env=env)
+    assert missing.exit_code != 0 and "documents not indexed: acme-10k" in missing.output
+    assert CliRunner().invoke(app, ["index", str(pdfs / "acme-10k.pdf")], env=env).exit_code == 0
+    bad = CliRunner().invoke(app, args + ["--foreign-negatives", "-1"], env=env)
+    assert bad.exit_code != 0 and "--foreign-negatives must be 0 or more" in bad.output
+    made = CliRunner().invoke(app, args + ["--foreign-negatives", "2"], env=env)
+    assert made.exit_code == 0, made.output
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    foreign = [r for r in records if r["source"] == "foreign"]
+    # the two pages of the filing that match the question's words, never relevant, with the query's text
+    assert sorted(r["page"] for r in foreign) == [1, 3]
+    assert all(r["doc_id"] == "acme-10k" and r["relevance"] == 0 and r["question"] == "How much water was withdrawn?"
+               for r in foreign)
+    assert [r["page"] for r in records if r["relevance"] == 1] == [1]
+    none = CliRunner().invoke(app, args + ["--foreign-negatives", "0"], env=env)
+    assert none.exit_code == 0 and not [line for line in out.read_text().splitlines() if '"foreign"' in line]
+

@@ -9,7 +9,7 @@ from typing import List, Optional
 
 import typer
 
-from evidentia.training.dataset import DEFAULT_DOCUMENT_NEGATIVES
+from evidentia.training.dataset import DEFAULT_DOCUMENT_NEGATIVES, DEFAULT_FOREIGN_NEGATIVES
 
 
 def _missing_message(flag: str):
@@ -30,6 +30,14 @@ def dataset_command(
                                            help="Random pages from the rest of each query's documents, also negatives "
                                                 "(the model then sees pages at every rank of a document, as relevant "
                                                 "pages the pool missed are)."),
+    foreign_queries: Optional[Path] = typer.Option(None, "--foreign-queries",
+                                                   help="Labelled queries of another domain: their documents cannot "
+                                                        "hold these queries' evidence, and the top of each query's "
+                                                        "pool in one of them becomes negatives (the model learns "
+                                                        "that a document's best page is not evidence by standing "
+                                                        "alone). Must be indexed."),
+    foreign_negatives: int = typer.Option(DEFAULT_FOREIGN_NEGATIVES, "--foreign-negatives",
+                                          help="Pages taken from that document per query (with --foreign-queries)."),
     holdout_fraction: float = typer.Option(0.0, "--holdout-fraction",
                                            help="Share of groups (see --split-by) whose queries are held out."),
     split_by: str = typer.Option("company", "--split-by",
@@ -78,9 +86,19 @@ def dataset_command(
         stage = ctx.config(stage=stage, reranker="none", flags={"stage": "--stage"}).stage
         if document_negatives < 0:
             raise fail("--document-negatives must be 0 or more")
+        if foreign_negatives < 0:
+            raise fail("--foreign-negatives must be 0 or more")
+        foreign_doc_ids: list[str] = []
+        if foreign_queries is not None:
+            try:
+                foreign_doc_ids = sorted(set(all_doc_ids(load_queries(foreign_queries))) - set(all_doc_ids(qs)))
+            except (QueriesFileError, OSError) as exc:
+                raise fail(str(exc), EXIT_BAD_INPUT)
+            ctx.require_documents(foreign_doc_ids, [], _missing_message("their PDFs to `evidentia index` first"))
         records.extend(records_from_queries(qs, ctx.engine, negatives_per_query=negatives,
                                             pool_size=ctx.settings.pool_size, stage=stage,
-                                            document_negatives=document_negatives, seed=seed))
+                                            document_negatives=document_negatives, seed=seed,
+                                            foreign_doc_ids=foreign_doc_ids, foreign_negatives=foreign_negatives))
     if climretrieve is not None:
         try:
             records.extend(records_from_climretrieve(climretrieve / "passages.jsonl", seed=seed))

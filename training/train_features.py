@@ -10,8 +10,10 @@ training records (`evidentia dataset`): the CPU default of the classifier rerank
    memory of the other documents' folds, and four in five (question, document)
    pairs are trained as if the question were new (``MEMORY_DROPOUT``);
 3. a logistic regression is fitted on all records (soft labels where a record
-   has one); every record with an answer is also trained without it (question-
-   only queries), so the model is calibrated for both;
+   has one) but the foreign ones (pages of a document that cannot hold the query's
+   evidence, training/dataset.py), which step 4's calibration alone learns from;
+   every record with an answer is also trained without it (question-only queries),
+   so the model is calibrated for both;
 4. out-of-fold logits (folds by document: a page is scored by a model that never
    saw its document) refit the logit together with features constant over a
    document (``CALIBRATION_FEATURES``: a filing's pages and a report's on one
@@ -42,7 +44,7 @@ from evidentia.reranker.features import FEATURE_NAMES, FeatureExtractor, TermSta
 from evidentia.reranker.question_memory import MEMORY_FEATURE_NAMES, QuestionMemory
 from evidentia.reranker.relevance_model import (KIND, FeatureModelError, calibrate_documents, calibrated_out_of_fold,
                                                 choose_threshold, fit, fold_models, fold_of_groups)
-from evidentia.training.dataset import TrainingRecord, stable_share
+from evidentia.training.dataset import FOREIGN_SOURCE, TrainingRecord, stable_share
 
 DEFAULT_EMBEDDER = "all-MiniLM-L6-v2"
 # The inverse L2 strength of the logistic regression, chosen by 5-fold cross-validation
@@ -117,10 +119,10 @@ def record_best_logits(records: Sequence[TrainingRecord], own_logits: np.ndarray
 
 def _out_of_fold_logits(records: Sequence[TrainingRecord], x: np.ndarray, labels: Sequence[float],
                         groups: Sequence[str], pages_of_documents: dict, regularisation: float,
-                        seed: int) -> tuple[np.ndarray, np.ndarray]:
+                        seed: int, fit_weights: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Each record's logit from the fold model fitted without its document (folds drawn
     with ``seed``), and the best such logit among its document's pages."""
-    fold, fold_fits = fold_models(x, labels, groups, regularisation=regularisation, seed=seed)
+    fold, fold_fits = fold_models(x, labels, groups, weights=fit_weights, regularisation=regularisation, seed=seed)
     logits = np.zeros(len(x))
     for k, fold_fit in enumerate(fold_fits):
         logits[fold == k] = fold_fit.logits(x[fold == k])
@@ -177,7 +179,8 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
         vectors = stored_vector_source(backend, embedder.name)
         documents = stored_document_source(backend)  # the document features: every page of a record's document
     groups = [r.doc_id or "" for r in records]
-    entries = memory_entries(records, extractor, vectors)
+    # the memory holds the pages judged for a question in its own documents
+    entries = memory_entries([r for r in records if r.source != FOREIGN_SOURCE], extractor, vectors)
     x = np.zeros((len(records), len(FEATURE_NAMES)))
     pages_of_documents: dict[tuple[str, str, str], np.ndarray] = {}
     folds = fold_of_groups(groups, MEMORY_FOLDS, seed)
@@ -202,7 +205,14 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
     memory = QuestionMemory.build([e for e, _g in entries])
     labels = [r.soft_label if r.soft_label is not None else float(r.relevance) for r in records]
     hard = np.asarray([r.relevance for r in records])
-    model = fit(x, labels, regularisation=regularisation)
+    # Foreign documents' pages (training/dataset.py) are left out of the page model's fit
+    # and enter the document calibration only, where the document's coverage of the query
+    # (doc_cov_query) tells their documents apart: in the fit, they taught the page
+    # weights that ranking first in a document counts for less, and the filings'
+    # evidence fell below the threshold (docs/BENCHMARKS.md, section 8p).
+    foreign = np.asarray([r.source == FOREIGN_SOURCE for r in records], dtype=bool)
+    fit_weights = (~foreign).astype(np.float64) if foreign.any() else None
+    model = fit(x, labels, fit_weights, regularisation=regularisation)
     record_documents = {r.doc_id for r in records if r.doc_id and r.page}
     indexed = record_documents & {doc_id for _q, _a, doc_id in pages_of_documents}
     if record_documents - indexed:
@@ -218,7 +228,7 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
                      "feature_seconds": round(time.perf_counter() - t0, 1)}
     if len(set(groups)) >= 2:
         oof_logits, oof_best = _out_of_fold_logits(records, x, labels, groups, pages_of_documents, regularisation,
-                                                   seed)
+                                                   seed, fit_weights)
         # a filing's pages and a report's on one scale (CALIBRATION_FEATURES), and the
         # gap to the document's best page, judged out of fold twice over: logits of
         # models without the page's document, a calibration fitted without it
@@ -230,6 +240,8 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
         for i, r in enumerate(records):
             if threshold_skip_prefix and (r.doc_id or "").startswith(threshold_skip_prefix):
                 continue  # pools unlike a first stage's (e.g. ClimRetrieve: every page on-topic)
+            if r.source == FOREIGN_SOURCE:
+                continue  # another document's pages: not in the pool of the query's own documents
             if r.answer.strip() or not answered:  # the threshold is chosen on answered queries, the usual case
                 pools[(r.question, r.answer)].append(i)
         # the same pools scored under other draws of the folds: which documents a page's
@@ -238,7 +250,7 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
         draws = [oof]
         for draw_seed in range(seed + 1, seed + THRESHOLD_DRAWS):
             logits_d, best_d = _out_of_fold_logits(records, x, labels, groups, pages_of_documents, regularisation,
-                                                   draw_seed)
+                                                   draw_seed, fit_weights)
             draws.append(calibrated_out_of_fold(logits_d, x, labels, groups, seed=draw_seed, best_logits=best_d))
         try:
             scored = [[(d[idx].tolist(), hard[idx].tolist()) for idx in pools.values()] for d in draws]
