@@ -405,11 +405,31 @@ def test_pool_probabilities_read_the_documents_best_page(embedder):
     np.testing.assert_allclose(model.pool_probabilities(empty), model.probabilities(pool.rows))
 
 
+class _Index:
+    """What training and the classifier read of a backend: the stored pages of
+    ``documents`` ({doc_id: [(page, text), ...]}) and their window vectors."""
+
+    def __init__(self, documents: dict, embedder):
+        self.documents, self.embedder = documents, embedder
+
+    def stored_document(self, doc_id):
+        from evidentia.records import Document, Page
+
+        pages = self.documents.get(doc_id)
+        return pages and Document(doc_id, tuple(Page(doc_id, n, t, t, "en", len(t)) for n, t in pages))
+
+    def page_vectors(self, doc_id):
+        from evidentia.records import PageVectors
+
+        rows = [(n, v) for n, t in self.documents[doc_id] for v in self.embedder._encode(self.embedder.windows(t))]
+        return PageVectors(self.embedder.name, np.array([n for n, _ in rows], dtype=np.int32),
+                           np.stack([v for _, v in rows]))
+
+
 def test_training_with_an_index_learns_the_document_gap(embedder, tmp_path):
     """With the records' documents in an index, training scores every page of each
     record's document out of fold and fits the gap; without one, pages stand alone
     and there is no gap to learn."""
-    from evidentia.records import Document, Page, PageVectors
     from evidentia.training.train_features import record_best_logits, train_features
 
     near = "Capital expenditure plans. We expect to invest in new plants over the coming years."
@@ -417,20 +437,10 @@ def test_training_with_an_index_learns_the_document_gap(embedder, tmp_path):
                              (3, CAPEX.replace("2018", str(2010 + d))), (4, near + f" Plan {d}."),
                              (5, STAFF + f" Benefits {d}.")] for d in range(6)}
 
-    class Index:  # what train_features reads of a backend: the stored pages and their window vectors
-        def stored_document(self, doc_id):
-            pages = documents.get(doc_id)
-            return pages and Document(doc_id, tuple(Page(doc_id, n, t, t, "en", len(t)) for n, t in pages))
-
-        def page_vectors(self, doc_id):
-            rows = [(n, v) for n, t in documents[doc_id] for v in embedder._encode(embedder.windows(t))]
-            return PageVectors(embedder.name, np.array([n for n, _ in rows], dtype=np.int32),
-                               np.stack([v for _, v in rows]))
-
     records = [TrainingRecord(QUESTION, ANSWER, text, int(n == 3), doc, n)
                for doc, pages in documents.items() for n, text in pages if n in (2, 3, 4)]
     logged: list[str] = []
-    with_index = train_features(records, tmp_path / "a", log=logged.append, embedder=embedder, backend=Index())
+    with_index = train_features(records, tmp_path / "a", log=logged.append, embedder=embedder, backend=_Index(documents, embedder))
     gap = with_index.extra["feature_model"]["document_gap"]
     assert len(gap) == 1 + len(CALIBRATION_FEATURES) and min(gap) >= 0 and sum(gap) > 0
     assert with_index.metrics["documents_indexed"] == 6 and not any("warning" in m for m in logged)
@@ -453,7 +463,6 @@ def test_pages_of_a_document_that_cannot_hold_the_evidence_teach_the_calibration
     of the query tells them apart; not the page weights, the question memory or the
     threshold's pools. The best page of such a document then ranks no higher in its
     document, but is far less probable."""
-    from evidentia.records import Document, Page, PageVectors
     from evidentia.reranker.classifier import ClassifierReranker
     from evidentia.training.dataset import FOREIGN_SOURCE
     from evidentia.training.train_features import train_features
@@ -467,23 +476,13 @@ def test_pages_of_a_document_that_cannot_hold_the_evidence_teach_the_calibration
     documents.update({f"climate{d}": [(n, text + f" Site {d}.") for n, text in enumerate(climate, 1)]
                       for d in range(6)})
 
-    class Index:
-        def stored_document(self, doc_id):
-            pages = documents.get(doc_id)
-            return pages and Document(doc_id, tuple(Page(doc_id, n, t, t, "en", len(t)) for n, t in pages))
-
-        def page_vectors(self, doc_id):
-            rows = [(n, v) for n, t in documents[doc_id] for v in embedder._encode(embedder.windows(t))]
-            return PageVectors(embedder.name, np.array([n for n, _ in rows], dtype=np.int32),
-                               np.stack([v for _, v in rows]))
-
     own = [TrainingRecord(QUESTION, ANSWER, text, int(n == 3), doc, n)
            for doc, pages in documents.items() if doc.startswith("doc") for n, text in pages]
     foreign = [TrainingRecord(QUESTION, ANSWER, text, 0, doc, n, FOREIGN_SOURCE)
                for doc, pages in documents.items() if doc.startswith("climate") for n, text in pages]
-    without = train_features(own, tmp_path / "without", log=lambda _m: None, embedder=embedder, backend=Index())
+    without = train_features(own, tmp_path / "without", log=lambda _m: None, embedder=embedder, backend=_Index(documents, embedder))
     with_foreign = train_features(own + foreign, tmp_path / "with", log=lambda _m: None, embedder=embedder,
-                                  backend=Index())
+                                  backend=_Index(documents, embedder))
     assert with_foreign.metrics["memory"] == without.metrics["memory"]
     assert with_foreign.metrics.get("threshold", {}).get("queries") == without.metrics.get("threshold", {}).get("queries")
     coverage = FEATURE_NAMES.index("doc_cov_query")
@@ -491,7 +490,7 @@ def test_pages_of_a_document_that_cannot_hold_the_evidence_teach_the_calibration
 
     def probabilities(directory, doc_id):
         reranker = ClassifierReranker(directory, threshold=None, embedder=embedder)
-        reranker.attach_backend(Index())
+        reranker.attach_backend(_Index(documents, embedder))
         pool = [Candidate(doc_id, n, 1.0, text) for n, text in documents[doc_id]]
         return {p.page: p.probability for p in reranker.rerank(Q, pool).pages}
 
