@@ -132,12 +132,22 @@ class SearchResult:
                     f"{', '.join(self.query.keywords[:8])}; try other words, or the hybrid stage (finds pages "
                     "by meaning)")
         best = self.info.get("best_probability")
-        best_text = f" (the best had p={best:.2f})" if best is not None else ""
+        best_text = f" (the best had p={_below(best, self.config.threshold)})" if best is not None else ""
         n = len(self.candidates)
         which = "the only candidate" if n == 1 else f"all {n} candidates"
         threshold = f" {self.config.threshold:g}" if self.config.threshold is not None else ""
         return (f"no page kept: {which} fell below the relevance threshold{threshold}{best_text}; lower the "
                 "threshold (e.g. to 0) to see them")
+
+
+def _below(p: float, threshold: float | None) -> str:
+    """``p`` to two decimals, or as many as it takes to read below ``threshold``
+    (0.108 under t = 0.11 is not "p=0.11")."""
+    for digits in range(2, 7):
+        text = f"{p:.{digits}f}"
+        if threshold is None or float(text) < threshold:
+            return text
+    return repr(p)
 
 
 class Engine:

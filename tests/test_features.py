@@ -676,6 +676,18 @@ def test_threshold_above_every_page_reports_the_best_probability(features_model_
     assert result.info["below_threshold"] == 3 and 0 < result.info["best_probability"] < 0.999
 
 
+@pytest.mark.parametrize("best, threshold, shown", [(0.108, 0.11, "p=0.108"), (0.04, 0.11, "p=0.04"),
+                                                    (0.10996, 0.11, "p=0.10996"), (0.5, 0.999, "p=0.50")])
+def test_the_note_never_shows_the_best_probability_at_the_threshold(best, threshold, shown):
+    """"fell below the relevance threshold 0.11 (the best had p=0.11)" reads as a
+    contradiction: the best page's p gets the digits that show it below t."""
+    from evidentia.engine import RunConfig, SearchResult
+
+    result = SearchResult(Q, _candidates(), [], RunConfig("hybrid", "classifier", threshold), "classifier",
+                          info={"best_probability": best})
+    assert f"threshold {threshold:g} (the best had {shown})" in result.note
+
+
 def test_training_chose_a_threshold_and_recorded_out_of_fold_metrics(features_reranker):
     metrics = features_reranker.metadata.metrics
     assert metrics["documents"] == 6 and "ECE" in metrics["out_of_fold"]
