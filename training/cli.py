@@ -48,7 +48,6 @@ def dataset_command(
 ):
     """Build classifier training records: relevant pages and hard negatives (the --stage pool) from labelled
     queries, and ClimRetrieve passages. Held-out queries never contribute a record."""
-    from evidentia.config import STAGES
     from evidentia.console import EXIT_BAD_INPUT, Context, fail
     from evidentia.evaluation.queries import QueriesFileError, load_queries
     from evidentia.evaluation.runner import all_doc_ids
@@ -81,9 +80,7 @@ def dataset_command(
                        err=True)
             qs = train_qs
         ctx.require_documents(all_doc_ids(qs), [pdf_dir] if pdf_dir else [], _missing_message("--pdf-dir"))
-        if stage is not None and stage not in STAGES:
-            raise fail(f"--stage must be one of {', '.join(STAGES)}")
-        stage = ctx.config(stage=stage, reranker="none", flags={"stage": "--stage"}).stage
+        stage = ctx.config(stage=stage, reranker="none", flags={"stage": "--stage"}).stage  # checks it too
         if document_negatives < 0:
             raise fail("--document-negatives must be 0 or more")
         if foreign_negatives < 0:
