@@ -156,6 +156,24 @@ def pool_statistics(run_rows: list[dict], relevant: dict[str, set]) -> dict:
             "pool share": sum(len(kept.get(q, [])) for q in full) / len(probs)}
 
 
+def print_by_type(scores: dict, queries: list[dict]) -> None:
+    """The gain over hybrid per financebench question_type: a mean over all queries
+    hides that the classifier wins the figure questions and loses the questions that
+    need reasoning (docs/BENCHMARKS.md section 8q)."""
+    types: dict[str, list[str]] = {}
+    for q in queries:
+        if q.get("question_type") and q["id"] in scores["hybrid"]:
+            types.setdefault(q["question_type"], []).append(q["id"])
+    for kind, ids in sorted(types.items()):
+        line = []
+        for metric, col in (("P@1", 2), ("P@3", 0)):
+            a = [scores["hybrid"][q][col] for q in ids]
+            b = [scores["hybrid+classifier"][q][col] for q in ids]
+            line.append(f"{metric} {sum(a) / len(ids):.3f} -> {sum(b) / len(ids):.3f} "
+                        f"({sum(y > x for x, y in zip(a, b))} better / {sum(y < x for x, y in zip(a, b))} worse)")
+        print(f"  {kind} ({len(ids)} q), hybrid -> hybrid+classifier: " + "; ".join(line))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fb-queries", type=Path, required=True, help="financebench queries (with 'company')")
@@ -202,6 +220,7 @@ def main() -> None:
                             args.seed)
                 print(f"  {b} - {a} {metric}: {c['difference']:+.3f} [{c['low']:+.3f}, {c['high']:+.3f}] "
                       f"({c['better']} better / {c['worse']} worse)")
+        print_by_type(scores, queries)
         relevant = {q["id"]: {(q["doc_id"], p) for p in q["relevant_pages"]} for q in queries}
         stats = pool_statistics(rows, relevant)
         print(f"  pools: {stats['pages']} pages, {stats['relevant']} relevant, mean p {stats['mean_p']:.3f}, "
