@@ -327,14 +327,17 @@ COVERAGE_ENOUGH = 0.5
 _COVERAGE_FLOOR = 0.05  # keeps ln finite for a document holding no keyword
 
 
-def document_coverage(terms: QueryTerms, pages: Sequence[list[str]]) -> float:
+def document_coverage(terms: QueryTerms, pages: Sequence[list[str]]) -> float | None:
     """Share of the keywords' weight found on any of the document's pages (``page_stems``
     of each): of the question's, or of the whole query's (question, answer words and
     figures), whichever is larger, so that a long answer (a narrative, a definition) or
-    an answer's computed figures never make the document look foreign."""
+    an answer's computed figures never make the document look foreign. None for a
+    query without keywords ("How much is it?"): nothing tells whether the document
+    could hold its evidence, so it is not judged (as 0.0 it lowered every page as
+    if the document held none of a query's words)."""
     every = set(terms.every)
     if not every:
-        return 0.0
+        return None
     found = set()
     for toks in pages:
         found.update(every.intersection(toks))

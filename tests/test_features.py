@@ -178,7 +178,8 @@ def test_document_coverage_counts_the_query_keywords_anywhere_in_the_document():
     assert 0.5 < whole < 1.0  # not "3M", nor the question's "amount" and "USD"
     climate = [page_stems("Scope 1 emissions fell by 12 % as our sites bought renewable electricity.")]
     assert document_coverage(terms, climate) < 0.2
-    assert document_coverage(query_terms("", ""), pages) == 0.0
+    # a query without a keyword tells nothing about the document: not judged, not "holds none"
+    assert document_coverage(query_terms("How much is it?", ""), pages) is None
     # a document holding half the weight or more is not judged by it; below, the shortfall grows as ln
     assert coverage_shortfall(whole) == coverage_shortfall(COVERAGE_ENOUGH) == coverage_shortfall(None) == 0.0
     assert 0.0 > coverage_shortfall(0.3) > coverage_shortfall(0.1) > coverage_shortfall(0.0)
@@ -499,6 +500,25 @@ def test_pages_of_a_document_that_cannot_hold_the_evidence_teach_the_calibration
     assert max(after.values()) < 0.5 * max(before.values())  # here 0.92 -> 0.05
     evidence_before = probabilities(tmp_path / "without", "doc0")[3]
     assert probabilities(tmp_path / "with", "doc0")[3] == pytest.approx(evidence_before, abs=0.1)
+
+
+def test_a_query_without_keywords_leaves_its_document_unjudged(embedder):
+    """The document coverage of a query without a keyword is unknown, not "none of
+    its words": its pages keep doc_cov_query 0, as a page whose document is unknown."""
+    documents = {"doc0": [(1, CONTENTS), (2, STAFF), (3, CAPEX)]}
+    index = _Index(documents, embedder)
+    pages = [("doc0", n, text) for n, text in documents["doc0"]]
+    column = FEATURE_NAMES.index("doc_cov_query")
+
+    def shortfall(question):
+        rows = FeatureExtractor(embedder).features(question, "", pages,
+                                                   vector_source=stored_vector_source(index, embedder.name),
+                                                   document_source=stored_document_source(index))
+        return set(rows[:, column].tolist())
+
+    assert shortfall("How much is it?") == {0.0}
+    (foreign,) = shortfall("Which mines withdrew groundwater near Antarctica?")
+    assert foreign < -1.0  # the same document, a query whose words it lacks
 
 
 def test_a_damaged_document_gap_is_refused():
