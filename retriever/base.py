@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from evidentia.records import Candidate, Document, DocumentInfo, Page, PageVectors
 
@@ -46,6 +46,37 @@ class VectorModelError(BackendError):
             f"document(s) {', '.join(self.doc_ids[:10])} were embedded with model {indexed_with!r}, but the "
             f"query with {query_model!r} (EVIDENTIA_DENSE_MODEL): set EVIDENTIA_DENSE_MODEL back to "
             f"{indexed_with!r}, or index the documents again with the new model")
+
+
+def vectors_meta(document: Document) -> dict | None:
+    """What a document's record says of its page vectors (None without them)."""
+    v = document.vectors
+    return None if v is None else {"model": v.model, "dim": v.dim, "rows": v.rows}
+
+
+def document_meta(document: Document, vectors: dict | None = None) -> dict:
+    """The summary every backend keeps in a document's record, the same JSON in each
+    (``vectors``: ``vectors_meta``, plus where the backend keeps them)."""
+    meta = {
+        "pages": document.page_count,
+        "empty_pages": document.empty_pages,
+        "languages": document.languages,
+        "source": document.source,
+        "ocr_pages": document.ocr_pages,
+        "unread_pages": document.unread_pages,
+        "ocr_confidence": document.ocr_confidence,
+    }
+    if vectors:
+        meta["vectors"] = vectors
+    return meta
+
+
+def info_from_meta(doc_id: str, meta: Mapping) -> DocumentInfo:
+    """The DocumentInfo of a record written with ``document_meta``."""
+    return DocumentInfo(doc_id=doc_id, pages=meta["pages"], empty_pages=meta["empty_pages"],
+                        languages=meta.get("languages", {}), source=meta.get("source", ""),
+                        ocr_pages=meta.get("ocr_pages", 0), unread_pages=meta.get("unread_pages", 0),
+                        ocr_confidence=meta.get("ocr_confidence"))
 
 
 class SearchBackend(ABC):

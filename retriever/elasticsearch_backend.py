@@ -60,7 +60,7 @@ import numpy as np
 
 from evidentia.records import Candidate, Document, DocumentInfo, Page, PageVectors
 from evidentia.retriever.base import (BackendError, MissingVectorsError, SearchBackend, UnknownDocumentError,
-                                      VectorModelError)
+                                      VectorModelError, document_meta, info_from_meta, vectors_meta)
 from evidentia.retriever.snippet import make_snippet
 from evidentia.text import LANGUAGES, search_text
 
@@ -106,24 +106,6 @@ def record_id(doc_id: str) -> str:
 
 def page_id(doc_id: str, generation: str, page: int) -> str:
     return f"{doc_id}:{generation}:{page}"
-
-
-def document_meta(document: Document) -> dict:
-    """The summary kept in the document record; the same JSON the tantivy backend
-    stores (less the sidecar file name)."""
-    meta = {
-        "pages": document.page_count,
-        "empty_pages": document.empty_pages,
-        "languages": document.languages,
-        "source": document.source,
-        "ocr_pages": document.ocr_pages,
-        "unread_pages": document.unread_pages,
-        "ocr_confidence": document.ocr_confidence,
-    }
-    if document.vectors is not None:
-        meta["vectors"] = {"model": document.vectors.model, "dim": document.vectors.dim,
-                           "rows": document.vectors.rows}
-    return meta
 
 
 def page_windows(document: Document) -> dict[int, np.ndarray]:
@@ -194,16 +176,12 @@ def record_source(document: Document, generation: str) -> dict:
         "doc_id": document.doc_id,
         "generation": generation,
         "source": document.source,
-        "meta": document_meta(document),
+        "meta": document_meta(document, vectors_meta(document)),
     }
 
 
 def info_from_record(doc_id: str, source: Mapping) -> DocumentInfo:
-    m = source.get("meta") or {}
-    return DocumentInfo(doc_id=doc_id, pages=m["pages"], empty_pages=m["empty_pages"],
-                        languages=m.get("languages", {}), source=m.get("source", ""),
-                        ocr_pages=m.get("ocr_pages", 0), unread_pages=m.get("unread_pages", 0),
-                        ocr_confidence=m.get("ocr_confidence"))
+    return info_from_meta(doc_id, source.get("meta") or {})
 
 
 def page_from_source(source: Mapping) -> Page:

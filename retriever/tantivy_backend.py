@@ -34,7 +34,7 @@ from tantivy import Filter, Occur, Query, TextAnalyzerBuilder, Tokenizer
 
 from evidentia.records import Candidate, Document, DocumentInfo, Page, PageVectors
 from evidentia.retriever.base import (BackendError, MissingVectorsError, SearchBackend, UnknownDocumentError,
-                                      VectorModelError)
+                                      VectorModelError, document_meta, info_from_meta, vectors_meta)
 from evidentia.retriever.snippet import make_snippet
 from evidentia.text import LANGUAGES, search_text
 
@@ -103,13 +103,6 @@ def _register_analyzers(index: tantivy.Index) -> None:
             .filter(Filter.stemmer(name))
             .build(),
         )
-
-
-def _info(doc_id: str, meta: dict) -> DocumentInfo:
-    return DocumentInfo(doc_id=doc_id, pages=meta["pages"], empty_pages=meta["empty_pages"],
-                        languages=meta.get("languages", {}), source=meta.get("source", ""),
-                        ocr_pages=meta.get("ocr_pages", 0), unread_pages=meta.get("unread_pages", 0),
-                        ocr_confidence=meta.get("ocr_confidence"))
 
 
 class TantivyBackend(SearchBackend):
@@ -202,17 +195,7 @@ class TantivyBackend(SearchBackend):
 
     def _add(self, writer: tantivy.IndexWriter, document: Document, vector_meta: dict | None = None) -> None:
         docs = [self._page_doc(p) for p in document.pages]
-        meta = {
-            "pages": document.page_count,
-            "empty_pages": document.empty_pages,
-            "languages": document.languages,
-            "source": document.source,
-            "ocr_pages": document.ocr_pages,
-            "unread_pages": document.unread_pages,
-            "ocr_confidence": document.ocr_confidence,
-        }
-        if vector_meta:
-            meta["vectors"] = vector_meta
+        meta = document_meta(document, vector_meta)
         writer.delete_documents_by_term("doc_id", document.doc_id)
         writer.add_document(tantivy.Document(kind="doc", doc_id=document.doc_id, meta=json.dumps(meta).encode()))
         for doc in docs:
@@ -244,7 +227,7 @@ class TantivyBackend(SearchBackend):
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
-        return {"file": name, "model": v.model, "dim": v.dim, "rows": v.rows}
+        return {"file": name, **vectors_meta(document)}
 
     def _remove_vector_file(self, name: str) -> None:
         try:
@@ -321,11 +304,11 @@ class TantivyBackend(SearchBackend):
         return found[0][1] if found else None
 
     def list_documents(self) -> list[DocumentInfo]:
-        return [_info(d, m) for d, m in self._doc_records()]
+        return [info_from_meta(d, m) for d, m in self._doc_records()]
 
     def get_document(self, doc_id: str) -> DocumentInfo | None:
         m = self._doc_record(doc_id)
-        return None if m is None else _info(doc_id, m)
+        return None if m is None else info_from_meta(doc_id, m)
 
     def get_page(self, doc_id: str, page: int) -> Page | None:
         searcher = self._searcher()

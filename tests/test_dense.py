@@ -25,7 +25,7 @@ from evidentia.retriever.stages import BM25Retriever
 from evidentia.records import Document, Page, PageVectors
 from evidentia.retriever import elasticsearch_backend as esb
 from evidentia.retriever import tantivy_backend as tb
-from evidentia.retriever.base import MissingVectorsError, UnknownDocumentError, VectorModelError
+from evidentia.retriever.base import MissingVectorsError, UnknownDocumentError, VectorModelError, document_meta, vectors_meta
 from evidentia.retriever.dense import EmbeddingError, PageEmbedder, page_scores
 from evidentia.retriever.query import build_query
 from evidentia.retriever.tantivy_backend import TantivyBackend
@@ -567,6 +567,6 @@ def test_tantivy_and_es_store_the_same_page_meta(tmp_path, embedded_report):
     b.index_document(embedded_report)
     stored = json.loads(bytes(b._searcher().doc(
         b._searcher().search(tb.Query.term_query(b._schema, "kind", "doc"), 1).hits[0][1])["meta"][0]))
-    es_meta = esb.document_meta(embedded_report)
+    es_meta = document_meta(embedded_report, vectors_meta(embedded_report))
     assert {k: v for k, v in stored["vectors"].items() if k != "file"} == es_meta["vectors"]
     assert Path(stored["vectors"]["file"]).suffix == ".npz"
