@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Iterator
 
 KNOWN_FIELDS = ("id", "doc_id", "doc_ids", "question", "answer", "relevant_pages")
 
@@ -145,6 +145,21 @@ def parse_queries(lines, source: str = "queries file") -> list[EvalQuery]:
 
 def load_queries(path: Path) -> list[EvalQuery]:
     return parse_queries(read_jsonl_lines(path), source=str(Path(path)))
+
+
+def json_objects(lines: Iterable[str], source: str, error: type[Exception]) -> Iterator[tuple[int, dict]]:
+    """(line number, object) of each non-blank JSONL line; ``error``, the caller's
+    exception, names the line that is not a JSON object."""
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise error(f"{source}, line {n}: invalid JSON ({exc.msg})") from None
+        if not isinstance(obj, dict):
+            raise error(f"{source}, line {n}: expected a JSON object")
+        yield n, obj
 
 
 def read_jsonl_lines(path: Path) -> list[str]:

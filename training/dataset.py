@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
+from evidentia.evaluation.queries import json_objects
+
 if TYPE_CHECKING:  # pragma: no cover
     from evidentia.engine import Engine
 
@@ -147,15 +149,8 @@ def _document_negatives(query, backend, seen: set, count: int, seed: int) -> Ite
 
 def records_from_climretrieve(passages_file: Path, negatives_per_positive: int = 2,
                               min_relevance: int = 1, seed: int = 0) -> Iterator[TrainingRecord]:
-    rows = []
     with open(passages_file, encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise DatasetError(f"{passages_file}, line {n}: invalid JSON ({exc.msg})") from None
+        rows = [obj for _n, obj in json_objects(fh, str(passages_file), DatasetError)]
     rng = random.Random(seed)
 
     def page_text(row) -> str:
@@ -218,15 +213,7 @@ REQUIRED = {"question": str, "answer": str, "page_text": str, "relevance": int}
 def read_records(path: Path) -> list[TrainingRecord]:
     out = []
     with open(path, encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DatasetError(f"{path}, line {n}: invalid JSON ({exc.msg})") from None
-            if not isinstance(obj, dict):
-                raise DatasetError(f"{path}, line {n}: expected a JSON object")
+        for n, obj in json_objects(fh, str(path), DatasetError):
             for key, typ in REQUIRED.items():
                 if key not in obj:
                     raise DatasetError(f"{path}, line {n}: missing field {key!r}")

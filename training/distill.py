@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from evidentia.evaluation.queries import EvalQuery, QueriesFileError, parse_queries, read_jsonl_lines
+from evidentia.evaluation.queries import EvalQuery, QueriesFileError, json_objects, parse_queries, read_jsonl_lines
 from evidentia.reranker.llm import (
     LLMFailure,
     LLMReranker,
@@ -239,15 +239,7 @@ def load_definitions(path: Path, field_name: str = "Definition") -> Definitions:
         raise DistillError(f"{path}: cannot read ({exc})") from None
     pairs: list[tuple[str, str]] = []
     seen: dict[str, tuple[int, str]] = {}
-    for n, line in enumerate(text.split("\n"), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DistillError(f"{path}, line {n}: invalid JSON ({exc.msg})") from None
-        if not isinstance(obj, dict):
-            raise DistillError(f"{path}, line {n}: expected a JSON object")
+    for n, obj in json_objects(text.split("\n"), str(path), DistillError):
         for key in ("question", field_name):
             if not isinstance(obj.get(key), str):
                 raise DistillError(f"{path}, line {n}: field {key!r} must be a string")
