@@ -38,7 +38,9 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from evidentia.samples import SAMPLE_ANSWER, SAMPLE_QUESTION, write_pdf, write_sample_report
 
@@ -132,6 +134,41 @@ def free_port() -> int:
 def evidentia_exe() -> str:
     local = Path(sys.executable).with_name("evidentia")
     return str(local) if local.exists() else (shutil.which("evidentia") or "evidentia")
+
+
+@contextmanager
+def running_server(env: dict, work: Path, ready_timeout: float) -> Iterator[tuple["Http", float]]:
+    """`evidentia serve` with ``env`` on a free loopback port, its log in
+    ``work``/server.log, and a client holding a new API key of tenant ``bench``:
+    yields (client, seconds from start to /ready); the server is stopped on exit."""
+    key = subprocess.run([evidentia_exe(), "keys", "create", "--tenant", "bench"], env=env, check=True,
+                         capture_output=True, text=True).stdout.strip()
+    port = free_port()
+    with open(work / "server.log", "wb") as server_log:
+        server = subprocess.Popen([evidentia_exe(), "serve", "--host", "127.0.0.1", "--port", str(port),
+                                   "--log-level", "warning"], env=env, stdout=server_log, stderr=subprocess.STDOUT)
+        try:
+            http = Http(f"http://127.0.0.1:{port}", key)
+            t0 = time.monotonic()
+            while True:  # ready = index open and the default reranker loaded
+                if server.poll() is not None:
+                    raise RuntimeError(f"server exited ({server.returncode}); see {work / 'server.log'}")
+                try:
+                    if http.request("GET", "/ready", timeout=5)[0] == 200:
+                        break
+                except OSError:
+                    pass
+                if time.monotonic() - t0 > ready_timeout:
+                    raise TimeoutError(f"server not ready in {ready_timeout:.0f} s")
+                time.sleep(0.2)
+            yield http, round(time.monotonic() - t0, 1)
+        finally:
+            if server.poll() is None:
+                server.send_signal(signal.SIGTERM)
+                try:
+                    server.wait(20)
+                except subprocess.TimeoutExpired:
+                    server.kill()
 
 
 # -- the classifier model -----------------------------------------------------
@@ -255,7 +292,7 @@ def main() -> int:
         return args.max_seconds - (time.monotonic() - started)
 
     workdir = Path(tempfile.mkdtemp(prefix="evidentia-bench-api-"))
-    server = None
+    servers = ExitStack()
     results: dict = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"}
     try:
         model_dir, model_desc = classifier_model(args.classifier_model, workdir, log)
@@ -268,26 +305,8 @@ def main() -> int:
         if args.omp_threads:
             env["OMP_NUM_THREADS"] = str(args.omp_threads)
         results["omp_threads"] = env.get("OMP_NUM_THREADS", "default")
-        key = subprocess.run([evidentia_exe(), "keys", "create", "--tenant", "bench"], env=env, check=True,
-                             capture_output=True, text=True).stdout.strip()
-        port = free_port()
-        server_log = open(workdir / "server.log", "wb")
-        server = subprocess.Popen([evidentia_exe(), "serve", "--host", "127.0.0.1", "--port", str(port),
-                                   "--log-level", "warning"], env=env, stdout=server_log, stderr=subprocess.STDOUT)
-        http = Http(f"http://127.0.0.1:{port}", key)
-        t0 = time.monotonic()
-        while True:  # ready = index open and the classifier loaded
-            if server.poll() is not None:
-                raise RuntimeError(f"server exited ({server.returncode}); see {workdir / 'server.log'}")
-            try:
-                if http.request("GET", "/ready", timeout=5)[0] == 200:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() - t0 > min(180, left()):
-                raise TimeoutError("server not ready in time")
-            time.sleep(0.2)
-        results["startup_to_ready_s"] = round(time.monotonic() - t0, 1)
+        http, results["startup_to_ready_s"] = servers.enter_context(
+            running_server(env, workdir, min(180, left())))
         log(f"server ready in {results['startup_to_ready_s']} s (classifier: {model_desc})")
 
         pdfs = args.pdf or [write_sample_report(workdir / "acme-2023.pdf"),
@@ -353,12 +372,7 @@ def main() -> int:
             float(line.rsplit(" ", 1)[1]) for line in metrics.decode().splitlines()
             if line.startswith("evidentia_validations_total{"))
     finally:
-        if server is not None and server.poll() is None:
-            server.send_signal(signal.SIGTERM)
-            try:
-                server.wait(20)
-            except subprocess.TimeoutExpired:
-                server.kill()
+        servers.close()
         shutil.rmtree(workdir, ignore_errors=True)
     results["total_s"] = round(time.monotonic() - started, 1)
     print_table(results)

@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import platform
-import signal
 import statistics
 import subprocess
 import sys
@@ -38,7 +37,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_api import Http, evidentia_exe, free_port, run_load, wait_status  # noqa: E402
+from bench_api import evidentia_exe, run_load, running_server, wait_status  # noqa: E402
 
 from evidentia.config import Settings  # noqa: E402
 from evidentia.language import LanguageDetector  # noqa: E402
@@ -207,27 +206,8 @@ def run_api(args, pdfs: list[Path], queries: list[dict], work: Path) -> dict:
         env.pop(name, None)
     if not args.skip_classifier:
         env["EVIDENTIA_DEFAULT_RERANKER"] = "classifier"  # loaded before /ready
-    key = subprocess.run([evidentia_exe(), "keys", "create", "--tenant", "bench"], env=env, check=True,
-                         capture_output=True, text=True).stdout.strip()
-    port = free_port()
-    server_log = open(work / "server.log", "wb")
-    server = subprocess.Popen([evidentia_exe(), "serve", "--host", "127.0.0.1", "--port", str(port),
-                               "--log-level", "warning"], env=env, stdout=server_log, stderr=subprocess.STDOUT)
-    http = Http(f"http://127.0.0.1:{port}", key)
-    try:
-        t0 = time.monotonic()
-        while True:
-            if server.poll() is not None:
-                raise RuntimeError(f"server exited ({server.returncode}); see {work / 'server.log'}")
-            try:
-                if http.request("GET", "/ready", timeout=5)[0] == 200:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() - t0 > 300:
-                raise TimeoutError("server not ready in 300 s")
-            time.sleep(0.2)
-        out["start_to_ready_s"] = round(time.monotonic() - t0, 1)
+    with running_server(env, work, 300) as (http, ready_s):
+        out["start_to_ready_s"] = ready_s
         # the documents with the most queries
         counts: dict[str, int] = {}
         for q in queries:
@@ -258,12 +238,6 @@ def run_api(args, pdfs: list[Path], queries: list[dict], work: Path) -> dict:
                 row["load"] = load()
                 levels.append(row)
         out["validate"] = levels
-    finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(20)
-        except subprocess.TimeoutExpired:
-            server.kill()
     return out
 
 
