@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 from typing import Iterable, Mapping, Sequence
 
 from evidentia.records import Candidate, Document, DocumentInfo, Page, PageVectors
+from evidentia.text import LANGUAGES, search_text
 
 
 class BackendError(RuntimeError):
@@ -46,6 +47,26 @@ class VectorModelError(BackendError):
             f"document(s) {', '.join(self.doc_ids[:10])} were embedded with model {indexed_with!r}, but the "
             f"query with {query_model!r} (EVIDENTIA_DENSE_MODEL): set EVIDENTIA_DENSE_MODEL back to "
             f"{indexed_with!r}, or index the documents again with the new model")
+
+
+NEUTRAL_FIELD = "body"  # every page's text, analysed without a language
+
+
+def lang_field(lang: str) -> str:
+    """The field of a page's text analysed as ``lang`` (stemming, stop words)."""
+    return f"body_{lang}"
+
+
+def search_fields(page: Page) -> dict[str, str]:
+    """The searchable text fields of a page, the same in every backend: the neutral
+    one, and its language's where that language is analysed (text.LANGUAGES)."""
+    if not page.text:
+        return {}
+    normalised = search_text(page.text)
+    fields = {NEUTRAL_FIELD: normalised}
+    if page.language in LANGUAGES:
+        fields[lang_field(page.language)] = normalised
+    return fields
 
 
 def vectors_meta(document: Document) -> dict | None:

@@ -60,13 +60,13 @@ import numpy as np
 
 from evidentia.records import Candidate, Document, DocumentInfo, Page, PageVectors
 from evidentia.retriever.base import (BackendError, MissingVectorsError, SearchBackend, UnknownDocumentError,
-                                      VectorModelError, document_meta, info_from_meta, vectors_meta)
+                                      VectorModelError, NEUTRAL_FIELD, document_meta, info_from_meta, lang_field,
+                                      search_fields, vectors_meta)
 from evidentia.retriever.snippet import make_snippet
-from evidentia.text import LANGUAGES, search_text
+from evidentia.text import LANGUAGES
 
 log = logging.getLogger(__name__)
 
-NEUTRAL_FIELD = "body"
 MAPPING_RESOURCE = "pages.json"
 # Must equal mappings._meta.evidentia_schema_version in es_mappings/pages.json;
 # an index of another version is refused instead of being silently misread.
@@ -83,10 +83,6 @@ VECTOR_FIELD = "windows.vector"
 # often switches to an exact scan anyway.
 MIN_NUM_CANDIDATES = 500
 _MAX_SWITCH_ATTEMPTS = 10
-
-
-def lang_field(lang: str) -> str:
-    return f"body_{lang}"
 
 
 def load_mapping() -> dict:
@@ -143,11 +139,7 @@ def page_source(page: Page, generation: str, windows: np.ndarray | None = None) 
         src["ocr_confidence"] = page.ocr_confidence
     if page.language:
         src["language"] = page.language
-    if page.text:
-        normalised = search_text(page.text)
-        src[NEUTRAL_FIELD] = normalised
-        if page.language in LANGUAGES:
-            src[lang_field(page.language)] = normalised
+    src.update(search_fields(page))
     if windows is not None and len(windows):
         # the kNN field (indexed, kept out of _source) and a compact readable copy
         src["windows"] = [{"vector": w} for w in np.asarray(windows, dtype=np.float64).round(7).tolist()]

@@ -34,13 +34,13 @@ from tantivy import Filter, Occur, Query, TextAnalyzerBuilder, Tokenizer
 
 from evidentia.records import Candidate, Document, DocumentInfo, Page, PageVectors
 from evidentia.retriever.base import (BackendError, MissingVectorsError, SearchBackend, UnknownDocumentError,
-                                      VectorModelError, document_meta, info_from_meta, vectors_meta)
+                                      VectorModelError, NEUTRAL_FIELD, document_meta, info_from_meta, lang_field,
+                                      search_fields, vectors_meta)
 from evidentia.retriever.snippet import make_snippet
-from evidentia.text import LANGUAGES, search_text
+from evidentia.text import LANGUAGES
 
 # Rust-regex twin of evidentia.text.TOKEN_RE.
 TOKEN_PATTERN = r"\p{N}+(?:\.\p{N}+)?|[\p{L}\p{N}]+"
-NEUTRAL_FIELD = "body"
 # Bumped whenever the schema or the analysis changes; an index of another
 # version is refused with a message instead of being silently misread.
 SCHEMA_VERSION = 3  # 3: pages store how their text was obtained (text_source, ocr_confidence)
@@ -49,10 +49,6 @@ SCHEMA_VERSION = 3  # 3: pages store how their text was obtained (text_source, o
 VECTORS_DIR = "vectors"
 # Rows of page vectors kept in memory between searches (float16: ~0.75 kB a row at 384 dims).
 VECTOR_CACHE_ROWS = 200_000
-
-
-def _lang_field(lang: str) -> str:
-    return f"body_{lang}"
 
 
 def vector_file_key(doc_id: str) -> str:
@@ -85,7 +81,7 @@ def _build_schema() -> tantivy.Schema:
     sb.add_bytes_field("meta", stored=True)  # document records: JSON summary
     sb.add_text_field(NEUTRAL_FIELD, stored=False, tokenizer_name="ev_neutral")
     for lang in LANGUAGES:
-        sb.add_text_field(_lang_field(lang), stored=False, tokenizer_name=f"ev_{lang}")
+        sb.add_text_field(lang_field(lang), stored=False, tokenizer_name=f"ev_{lang}")
     return sb.build()
 
 
@@ -258,11 +254,7 @@ class TantivyBackend(SearchBackend):
             fields["ocr_confidence"] = float(page.ocr_confidence)
         if page.language:
             fields["language"] = page.language
-        if page.text:
-            normalised = search_text(page.text)
-            fields[NEUTRAL_FIELD] = normalised
-            if page.language in LANGUAGES:
-                fields[_lang_field(page.language)] = normalised
+        fields.update(search_fields(page))
         return tantivy.Document(**fields)
 
     def delete_document(self, doc_id: str) -> bool:
@@ -350,7 +342,7 @@ class TantivyBackend(SearchBackend):
         text_query = Query.boolean_query([
             (Occur.Should, Query.boost_query(self._index.parse_query(terms, [NEUTRAL_FIELD]), self.neutral_boost)),
             (Occur.Should, Query.boost_query(
-                self._index.parse_query(terms, [_lang_field(lang) for lang in LANGUAGES]), self.language_boost)),
+                self._index.parse_query(terms, [lang_field(lang) for lang in LANGUAGES]), self.language_boost)),
         ])
         query = Query.boolean_query([
             (Occur.Must, Query.term_query(self._schema, "kind", "page")),
