@@ -40,6 +40,9 @@ from evidentia.retriever.fusion import rrf
 from evidentia.retriever.query import build_query
 from evidentia.retriever.tantivy_backend import TantivyBackend
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_bm25 import financebench  # noqa: E402
+
 POOL = 20
 DEPTH = 200  # how deep each single ranking is read (every page of most filings)
 POOLINGS = ("max", "mean", "first")
@@ -81,11 +84,7 @@ def main() -> int:
     ap.add_argument("--keep", type=Path, help="keep (or reuse) the index with embeddings here")
     ap.add_argument("--rankings", type=Path, help="write the rankings of every query here (JSON)")
     args = ap.parse_args()
-    if not (args.data / "queries.jsonl").exists():
-        print(f"error: {args.data}/queries.jsonl not found (pass --data)", file=sys.stderr)
-        return 2
-    pdfs = sorted((args.data / "pdfs").glob("*.pdf"))
-    queries = [json.loads(line) for line in (args.data / "queries.jsonl").open()]
+    pdfs, queries = financebench(args.data)
     settings = Settings.from_env({})  # the defaults, whatever the environment says
     detector = LanguageDetector()
     embedder = PageEmbedder.from_settings(settings)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import tempfile
 import time
@@ -35,7 +34,6 @@ from pathlib import Path
 from evidentia.config import Settings
 from evidentia.evaluation.metrics import precision_at_k, recall_at_k
 from evidentia.evaluation.queries import load_queries
-from evidentia.config import Settings
 from evidentia.engine import Engine
 from evidentia.reranker.base import NoReranker
 from evidentia.reranker.classifier import ClassifierReranker

@@ -38,6 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_api import evidentia_exe, run_load, running_server, wait_status  # noqa: E402
+from bench_bm25 import raw_extraction  # noqa: E402
 
 from evidentia.config import Settings  # noqa: E402
 from evidentia.language import LanguageDetector  # noqa: E402
@@ -64,19 +65,6 @@ def children_cpu() -> float:
 
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
-
-
-def extraction_rate(pdfs: list[Path]) -> tuple[int, float]:
-    import pymupdf
-
-    t0 = time.perf_counter()
-    pages = 0
-    for pdf in pdfs:
-        with pymupdf.open(pdf) as doc:
-            for page in doc:
-                page.get_text()
-                pages += 1
-    return pages, time.perf_counter() - t0
 
 
 def cli_search(env: dict, doc_id: str, question: str, answer: str, *extra: str) -> tuple[float, float, int, str]:
@@ -122,10 +110,10 @@ def main() -> int:
     detector = LanguageDetector()
 
     # 1. extraction (twice: the first run also warms the file cache)
-    extraction_rate(pdfs[:3])
+    raw_extraction(pdfs[:3])
     log(f"extraction ... {load()}")
     c0 = cpu()
-    pages, seconds = extraction_rate(pdfs)
+    pages, seconds = raw_extraction(pdfs)
     res["pages"] = pages
     res["extract_pages_per_s"] = round(pages / seconds, 1)
     res["extract_pages_per_cpu_s"] = round(pages / (cpu() - c0), 1)

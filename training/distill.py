@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from evidentia.evaluation.queries import EvalQuery, QueriesFileError, json_objects, parse_queries, read_jsonl_lines
+from evidentia.evaluation.queries import EvalQuery, json_objects, parse_queries, read_jsonl_lines
 from evidentia.reranker.llm import (
     LLMFailure,
     LLMReranker,

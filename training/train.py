@@ -37,7 +37,6 @@ from evidentia.reranker.classifier_model import (
     load_base_classifier,
     load_tokenizer,
     model_device,
-    quantization_config,
     score_margins,
 )
 from evidentia.runtime import set_torch_threads
