@@ -96,6 +96,54 @@ def test_shipped_model_finds_no_evidence_in_a_document_that_cannot_hold_it(make_
     assert in_report and max(p.probability for p in in_report) < t
 
 
+@pytest.mark.xfail(strict=True, reason="known: the shipped model ranks a report's short cover first "
+                                      "(page length learnt from the generated training reports; docs/BENCHMARKS.md 8q)")
+def test_shipped_model_does_not_take_a_reports_cover_for_its_evidence(make_pdf, tmp_path):
+    """A real report's pages are long and its cover holds a few words. The training
+    reports' pages are single passages, so the shipped model, which weighs a page's own
+    length, learnt that the shortest page is the likeliest evidence: BHP's six-word
+    cover ranked first at p 0.35 (docs/BENCHMARKS.md 8q). The page about physical
+    risks should be first, above the cover and the back page. A known defect, kept in
+    view: strict, so the day a model passes it this marker must go."""
+    from evidentia.engine import Engine
+
+    governance = ("Governance. The Board oversees our approach to climate change through its Sustainability "
+                  "Committee, which meets four times a year and reviews our climate strategy, targets and "
+                  "performance. Management reports on progress against our operational emissions targets, and "
+                  "the Risk and Audit Committee reviews the controls over our greenhouse gas reporting. ")
+    physical = ("Physical climate risks. Our assessment identified acute physical risks such as cyclones, floods "
+                "and bushfires that can disrupt our mines, ports and rail networks, and chronic physical risks such "
+                "as rising temperatures, changing rainfall and sea level rise that affect water supply, workforce "
+                "health and the productivity of our operations. We assess these risks under several warming "
+                "scenarios and build adaptation measures into our asset plans. ")
+    emissions = ("Operational emissions. Our Scope 1 and Scope 2 emissions were 14.5 million tonnes CO2-e in FY2021. "
+                 "We aim to reduce them by at least 30 per cent from FY2020 levels by FY2030, through renewable "
+                 "electricity contracts, electrified haulage and the use of carbon offsets only where needed. ")
+    topics = [("Water stewardship", "water withdrawal, recycling and discharge quality at our operations"),
+              ("Biodiversity", "land rehabilitation, offsets for cleared habitat and monitoring of species"),
+              ("Our people", "safety, training, inclusion and the wellbeing of employees and contractors"),
+              ("Communities", "engagement with local and Indigenous communities and social investment"),
+              ("Value chain", "engagement with suppliers, shipping partners and customers on their emissions"),
+              ("Portfolio", "demand for copper and nickel in the energy transition and our future-facing commodities"),
+              ("Policy", "our support for carbon pricing and our review of industry association memberships")]
+    other = [f"{title}. This section describes {what}. " * 4 + f"Progress on {title.lower()} is reported each year "
+             "against the targets set in our sustainability framework and reviewed by the Board." for title, what in topics]
+    pages = ["Acme Climate Transition Action Plan 2021", governance * 2, *other[:3], physical * 2, emissions * 2,
+             *other[3:], "Acme Climate Transition Action Plan 27"]
+    report = make_pdf("Acme_Climate_Transition_Action_Plan.pdf", pages)
+    engine = Engine(Settings(data_dir=tmp_path / "data"))
+    engine.index_paths([report], progress=False)
+    reranker = ClassifierReranker(None, threshold=None, embedder=engine.embedder)
+    reranker.attach_backend(engine.backend)
+    query = engine.query("What physical climate risks has the company identified?", "")
+    pages = reranker.rerank(query, engine.retrieve(query, ["Acme_Climate_Transition_Action_Plan"], "hybrid", 20)).pages
+    assert pages[0].page == 6  # the shipped model: the cover first, p 0.56
+    covers = [p for p in pages if p.page in (1, 12)]
+    assert covers and all(p.probability < pages[0].probability for p in covers)
+    # (A model that does not weigh length, tried in 8q, passes this, with the cover
+    # second at p 0.34: not yet below t.)
+
+
 def test_scoring_with_the_shipped_model_never_imports_torch():
     """torch costs 1.3 s of a fresh `search --reranker classifier`; the features model
     runs on the ONNX bi-encoder and numpy (torch only exports the ONNX file once)."""
