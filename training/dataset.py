@@ -105,7 +105,8 @@ def records_from_queries(queries: Iterable, engine: "Engine", negatives_per_quer
             if p is not None and p.text:
                 yield TrainingRecord(q.question, q.answer, p.text, 1, doc_id, page, "queries")
         taken = 0
-        for c in first_stage_pool(engine, engine.query(q.question, q.answer), q.doc_ids, stage, pool_size):
+        query = engine.query(q.question, q.answer)
+        for c in first_stage_pool(engine, query, q.doc_ids, stage, pool_size):
             seen.add((c.doc_id, c.page))
             if taken >= negatives_per_query:
                 continue  # still seen: a document negative is a page the pool did not hold
@@ -116,18 +117,19 @@ def records_from_queries(queries: Iterable, engine: "Engine", negatives_per_quer
         if document_negatives > 0:
             yield from _document_negatives(q, backend, seen, document_negatives, seed)
         if foreign_negatives > 0:
-            yield from _foreign_negatives(q, engine, foreign_doc_ids, foreign_negatives, stage, pool_size, seed)
+            yield from _foreign_negatives(q, query, engine, foreign_doc_ids, foreign_negatives, stage, pool_size, seed)
 
 
-def _foreign_negatives(query, engine: "Engine", foreign_doc_ids: Sequence[str], count: int, stage: str,
+def _foreign_negatives(q, query, engine: "Engine", foreign_doc_ids: Sequence[str], count: int, stage: str,
                        pool_size: int, seed: int) -> Iterator[TrainingRecord]:
-    choices = sorted(set(foreign_doc_ids) - set(query.doc_ids))
+    """``q``: the labelled query; ``query``: its built query record (the pool's)."""
+    choices = sorted(set(foreign_doc_ids) - set(q.doc_ids))
     if not choices:
         return
-    doc_id = random.Random(f"{seed}:foreign:{query.id}").choice(choices)
-    pool = first_stage_pool(engine, engine.query(query.question, query.answer), [doc_id], stage, pool_size)
+    doc_id = random.Random(f"{seed}:foreign:{q.id}").choice(choices)
+    pool = first_stage_pool(engine, query, [doc_id], stage, pool_size)
     for c in [c for c in pool if c.text and c.text.strip()][:count]:
-        yield TrainingRecord(query.question, query.answer, c.text, 0, c.doc_id, c.page, FOREIGN_SOURCE)
+        yield TrainingRecord(q.question, q.answer, c.text, 0, c.doc_id, c.page, FOREIGN_SOURCE)
 
 
 def _document_negatives(query, backend, seen: set, count: int, seed: int) -> Iterator[TrainingRecord]:
