@@ -156,21 +156,26 @@ def pool_statistics(run_rows: list[dict], relevant: dict[str, set]) -> dict:
             "pool share": sum(len(kept.get(q, [])) for q in full) / len(probs)}
 
 
-def print_by_type(scores: dict, queries: list[dict]) -> None:
-    """The gain over hybrid per financebench question_type: a mean over all queries
-    hides that the classifier wins the figure questions and loses the questions that
-    need reasoning (docs/BENCHMARKS.md section 8q)."""
-    types: dict[str, list[str]] = {}
+# The field a domain's gain is broken down by: a mean over all queries hides that the
+# classifier wins financebench's figure questions and loses those that need reasoning
+# (docs/BENCHMARKS.md section 8q), or that it helps on one layout of the reports only.
+BREAKDOWN = {"fb": "question_type", "cr": "layout"}
+
+
+def print_breakdown(scores: dict, queries: list[dict], field: str, samples: int, seed: int) -> None:
+    """The gain over hybrid per value of ``field`` (BREAKDOWN), with its paired bootstrap interval."""
+    groups: dict[str, list[str]] = {}
     for q in queries:
-        if q.get("question_type") and q["id"] in scores["hybrid"]:
-            types.setdefault(q["question_type"], []).append(q["id"])
-    for kind, ids in sorted(types.items()):
+        if q.get(field) and q["id"] in scores["hybrid"]:
+            groups.setdefault(q[field], []).append(q["id"])
+    for kind, ids in sorted(groups.items()):
         line = []
         for metric, col in (("P@1", 2), ("P@3", 0)):
             a = [scores["hybrid"][q][col] for q in ids]
             b = [scores["hybrid+classifier"][q][col] for q in ids]
+            c = compare(a, b, samples, seed)
             line.append(f"{metric} {sum(a) / len(ids):.3f} -> {sum(b) / len(ids):.3f} "
-                        f"({sum(y > x for x, y in zip(a, b))} better / {sum(y < x for x, y in zip(a, b))} worse)")
+                        f"[{c['low']:+.3f}, {c['high']:+.3f}] ({c['better']} better / {c['worse']} worse)")
         print(f"  {kind} ({len(ids)} q), hybrid -> hybrid+classifier: " + "; ".join(line))
 
 
@@ -220,7 +225,7 @@ def main() -> None:
                             args.seed)
                 print(f"  {b} - {a} {metric}: {c['difference']:+.3f} [{c['low']:+.3f}, {c['high']:+.3f}] "
                       f"({c['better']} better / {c['worse']} worse)")
-        print_by_type(scores, queries)
+        print_breakdown(scores, queries, BREAKDOWN[domain], args.samples, args.seed)
         relevant = {q["id"]: {(q["doc_id"], p) for p in q["relevant_pages"]} for q in queries}
         stats = pool_statistics(rows, relevant)
         print(f"  pools: {stats['pages']} pages, {stats['relevant']} relevant, mean p {stats['mean_p']:.3f}, "

@@ -9,10 +9,10 @@ then where the pool's short pages (at most ``--max-words`` words) rank, their
 probability, whether the default threshold keeps them, and where hybrid alone had
 ranked them.
 
-The training reports (bench/climretrieve_pools.py) are one page per expert-marked
-passage, and some passages are a few words long and marked relevant: the model can
-learn that a short page is evidence, which a real report's cover never is
-(docs/BENCHMARKS.md section 8q).
+Trained on reports generated one page per expert-marked passage (some a few words
+long and marked relevant), the model learnt that a short page is evidence, which a
+real report's cover never is (docs/BENCHMARKS.md section 8q); the shipped model also
+learns from the reports' printed pages, each report with its cover (section 8r).
 
     EVIDENTIA_DATA_DIR=/tmp/bhp evidentia index ../shared/data/csr-samples
     EVIDENTIA_DATA_DIR=/tmp/bhp python bench/short_pages.py [--doc ID ...] [--json]

@@ -3,10 +3,23 @@
 ClimRetrieve (``passages.jsonl``) gives, per report, the passages experts marked
 for each of the report's questions, but not the report PDFs. Each distinct
 marked passage (its ``context``: the marked text with the sentences around it,
-about a paragraph) becomes one page of a generated PDF per report; a query is a
-(report, question) pair whose relevant pages are the passages marked for that
-question (relevance >= 1). Passages the experts marked for the report's *other*
-questions are its non-relevant pages: hard negatives from the same document.
+about a paragraph) goes into a generated PDF per report, laid out one of two ways
+(``LAYOUTS``):
+
+- ``passage``: one page per passage (83 words at the median);
+- ``printed``: the report as printed, as far as the passages tell it: a cover
+  page with the report's title, then one page per printed page the experts cited,
+  in the report's order, holding every passage marked on that page (sentences the
+  overlapping contexts share written once); passages without a printed page get a
+  page each at the end, and marks without any text ("nan", in 7 reports marked
+  relevant) none. Real reports have covers and pages of several
+  paragraphs; a model trained only on the ``passage`` layout learned that short
+  pages are the reports' evidence and ranked real covers first.
+
+A query is a (report, question) pair whose relevant pages are those holding a
+passage marked for that question (relevance >= 1). Passages the experts marked
+for the report's *other* questions, and the cover, are its non-relevant pages:
+hard negatives from the same document.
 This is a page-level benchmark the evaluation can run like any other (indexed,
 retrieved by bm25/dense/hybrid, reranked), and training can take records from.
 
@@ -21,6 +34,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 SPLIT_FILE = Path(__file__).resolve().parent.parent / "training" / "splits" / "heldout.json"
 
@@ -41,12 +55,24 @@ def doc_id_of(report: str) -> str:
     return "CR_" + re.sub(r"[^A-Za-z0-9]+", "_", stem).strip("_")
 
 
+LAYOUTS = ("passage", "printed")
+
+
 @dataclass
 class Unit:
-    """One marked passage: a page of the generated report."""
+    """One marked passage."""
 
     text: str
     marked: dict[str, int] = field(default_factory=dict)  # question -> the expert's relevance
+    printed_page: int | None = None  # the report's page number the experts cited
+
+
+@dataclass
+class ReportPage:
+    """One page of a generated report: its text and the marks of its passages."""
+
+    text: str
+    marked: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -63,10 +89,59 @@ class Report:
     def questions(self) -> list[str]:
         return sorted(self.answers)
 
+    def layout_doc_id(self, layout: str) -> str:
+        """The generated PDF's document id: the ``passage`` layout keeps the report's
+        id (the pools of earlier rounds), the others add their name."""
+        return self.doc_id if layout == "passage" else f"{self.doc_id}_{layout}"
+
+    @property
+    def title(self) -> str:
+        return re.sub(r"\s+", " ", re.sub(r"\.pdf$", "", self.name.strip(), flags=re.I).replace("_", " ")).strip()
+
+    def pages(self, layout: str = "passage") -> list[ReportPage]:
+        if layout not in LAYOUTS:
+            raise ValueError(f"unknown layout {layout!r}; one of {', '.join(LAYOUTS)}")
+        if layout == "passage":
+            return [ReportPage(u.text, dict(u.marked)) for u in self.units]
+        by_page: dict[int, list[Unit]] = defaultdict(list)
+        unplaced = []
+        for unit in self.units:
+            if _is_missing(unit.text):
+                continue  # a mark without its text ("nan"): nothing a page could show
+            if unit.printed_page is None:
+                unplaced.append(unit)
+            else:
+                by_page[unit.printed_page].append(unit)
+        groups = [by_page[n] for n in sorted(by_page)] + [[u] for u in unplaced]
+        return [ReportPage(self.title)] + [_page_of(units) for units in groups]
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+def _page_of(units: list[Unit]) -> ReportPage:
+    """The passages of one printed page; neighbouring passages' contexts overlap,
+    so a sentence already on the page is not written again."""
+    seen: set[str] = set()
+    paragraphs = []
+    marked: dict[str, int] = {}
+    for unit in units:
+        sentences = [s for s in _SENTENCE_END.split(unit.text) if s.strip() and s.strip() not in seen]
+        seen.update(s.strip() for s in sentences)
+        if sentences:
+            paragraphs.append(" ".join(s.strip() for s in sentences))
+        for question, relevance in unit.marked.items():
+            marked[question] = max(marked.get(question, 0), relevance)
+    return ReportPage("\n\n".join(paragraphs), marked)
+
+
+def _is_missing(text) -> bool:
+    return not isinstance(text, str) or text.strip().lower() in ("", "nan")
+
 
 def _unit_text(row: dict) -> str:
     context = row.get("context")
-    if isinstance(context, str) and context.strip() and context.strip().lower() != "nan":
+    if not _is_missing(context):
         return context.strip()
     return str(row.get("relevant_text") or "").strip()
 
@@ -88,7 +163,7 @@ def load_reports(passages_file: Path) -> list[Report]:
             text = _unit_text(row)
             if not text:
                 continue
-            unit = units.setdefault(key, Unit(text))
+            unit = units.setdefault(key, Unit(text, printed_page=_page_number(row.get("printed_page"))))
             try:
                 relevance = int(row.get("relevance"))
             except (TypeError, ValueError):
@@ -98,6 +173,13 @@ def load_reports(passages_file: Path) -> list[Report]:
             answers.setdefault(question, str(row.get("answer") or "").strip())
         reports.append(Report(name, list(units.values()), answers))
     return reports
+
+
+def _page_number(value) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
 
 
 def load_definitions(path: Path | None) -> dict[str, str]:
@@ -120,43 +202,59 @@ def held_out_reports(split: dict) -> set[str]:
     return set(split["climretrieve-train"]["held_out_reports"])
 
 
-def queries_of(report: Report, definitions: dict[str, str] | None = None) -> list[dict]:
-    """Eval-format queries of a report: one per question with a relevant page."""
+def queries_of(report: Report, definitions: dict[str, str] | None = None, layout: str = "passage") -> list[dict]:
+    """Eval-format queries of a report in ``layout``: one per question with a relevant page."""
     out = []
+    pages = report.pages(layout)
+    doc_id = report.layout_doc_id(layout)
     for qi, question in enumerate(report.questions):
-        relevant = [i + 1 for i, u in enumerate(report.units) if u.marked.get(question, 0) >= 1]
+        relevant = [i + 1 for i, p in enumerate(pages) if p.marked.get(question, 0) >= 1]
         if not relevant:
             continue
         # string fields become evaluation categories: only the short ones
-        row = {"id": f"{report.doc_id}-q{qi:02d}", "doc_id": report.doc_id, "question": question,
+        row = {"id": f"{doc_id}-q{qi:02d}", "doc_id": doc_id, "question": question,
                "answer": report.answers[question], "relevant_pages": relevant, "company": report_group(report.name),
-               "has_definition": bool(definitions and definitions.get(question.strip()))}
+               "has_definition": bool(definitions and definitions.get(question.strip())), "layout": layout}
         out.append(row)
     return out
 
 
-def write_report_pdf(report: Report, path: Path) -> Path:
-    """One page per passage; the font shrinks until the whole passage fits."""
+_FONT_SIZES = (11, 9, 7, 5, 4)
+
+
+def write_report_pdf(report: Report, path: Path, layout: str = "passage") -> Path:
+    """One PDF page per ``report.pages(layout)``; the font shrinks until the whole
+    text fits, and a page too long even at the smallest size grows taller."""
     import pymupdf
 
     doc = pymupdf.open()
-    for unit in report.units:
-        page = doc.new_page(width=595, height=842)
-        for size in (11, 9, 7, 5, 4):
-            # insert_textbox returns a negative number when the text did not fit
-            if page.insert_textbox(pymupdf.Rect(56, 56, 540, 790), unit.text, fontsize=size, fontname="helv") >= 0:
+    for report_page in report.pages(layout):
+        height = 842
+        while True:
+            fitted = False
+            for size in _FONT_SIZES:
+                page = doc.new_page(width=595, height=height)
+                # insert_textbox returns a negative number when the text did not fit
+                if page.insert_textbox(pymupdf.Rect(56, 56, 540, height - 52), report_page.text, fontsize=size,
+                                       fontname="helv") >= 0:
+                    fitted = True
+                    break
+                doc.delete_page(-1)
+            if fitted:
                 break
-            page.clean_contents()
-            doc.delete_page(-1)
-            page = doc.new_page(width=595, height=842)
+            height *= 2
     doc.save(path)
     doc.close()
     return path
 
 
 def write_pools(passages_file: Path, out_dir: Path, definitions_file: Path | None = None,
-                split: dict | None = None) -> dict[str, int]:
-    """``out_dir``/pdfs/<doc_id>.pdf, train_queries.jsonl and heldout_queries.jsonl."""
+                split: dict | None = None, layouts: Sequence[str] = ("passage",)) -> dict[str, int]:
+    """``out_dir``/pdfs/<doc_id>.pdf, train_queries.jsonl and heldout_queries.jsonl:
+    each report in each of ``layouts`` (a document and queries of its own)."""
+    for layout in layouts:
+        if layout not in LAYOUTS:
+            raise ValueError(f"unknown layout {layout!r}; one of {', '.join(LAYOUTS)}")
     split = split if split is not None else load_split()
     held = held_out_reports(split)
     definitions = load_definitions(definitions_file)
@@ -165,11 +263,12 @@ def write_pools(passages_file: Path, out_dir: Path, definitions_file: Path | Non
     counts = {"reports": 0, "train_queries": 0, "heldout_queries": 0, "pages": 0}
     sides: dict[str, list[str]] = {"train": [], "heldout": []}
     for report in load_reports(passages_file):
-        write_report_pdf(report, out_dir / "pdfs" / f"{report.doc_id}.pdf")
         side = "heldout" if report.name in held else "train"
-        sides[side].extend(json.dumps(q, ensure_ascii=False) for q in queries_of(report, definitions))
         counts["reports"] += 1
-        counts["pages"] += len(report.units)
+        for layout in layouts:
+            write_report_pdf(report, out_dir / "pdfs" / f"{report.layout_doc_id(layout)}.pdf", layout)
+            sides[side].extend(json.dumps(q, ensure_ascii=False) for q in queries_of(report, definitions, layout))
+            counts["pages"] += len(report.pages(layout))
     for side, lines in sides.items():
         (out_dir / f"{side}_queries.jsonl").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
         counts[f"{side}_queries"] = len(lines)

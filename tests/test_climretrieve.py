@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from evidentia.evaluation.climretrieve import (SPLIT_FILE, doc_id_of, labelled_pairs, load_reports, load_split,
-                                               queries_of, report_group, write_pools)
+                                               queries_of, report_group, write_pools, write_report_pdf)
 from evidentia.evaluation.queries import load_queries
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "climretrieve-train"
@@ -86,6 +86,84 @@ def test_long_passages_fit_on_their_page(tmp_path):
     write_pools(path, tmp_path / "o", split={"climretrieve-train": {"held_out_reports": []}})
     with pymupdf.open(tmp_path / "o" / "pdfs" / "CR_Long.pdf") as doc:
         assert doc.page_count == 1 and "THE-END" in doc[0].get_text()
+
+
+def _printed_rows():
+    acme = "Acme 2023 Sustainability Report.pdf"
+    return [
+        {"report": acme, "question": Q1, "answer": "[YES]", "relevant_text": "We use the 1.5C scenario.",
+         "context": "Scenario analysis. We use the 1.5C scenario. It covers physical risk.", "printed_page": 12,
+         "relevance": 3},
+        # the same printed page, an overlapping context: one page, the shared sentence once
+        {"report": acme, "question": Q2, "answer": "[YES]", "relevant_text": "Waste is sorted on site.",
+         "context": "It covers physical risk. Waste is sorted on site.", "printed_page": 12, "relevance": 2},
+        {"report": acme, "question": Q2, "answer": "[YES]", "relevant_text": "Zero waste by 2030.",
+         "context": "nan", "printed_page": 4, "relevance": 1},
+        {"report": acme, "question": Q1, "answer": "[YES]", "relevant_text": "Scenarios are reviewed yearly.",
+         "context": "", "printed_page": None, "relevance": 1},
+        # a mark without any text: no page can show it
+        {"report": acme, "question": Q1, "answer": "[YES]", "relevant_text": "nan", "context": "nan",
+         "printed_page": None, "relevance": 3},
+    ]
+
+
+def test_the_printed_layout_has_a_cover_and_the_report_s_pages_in_order(tmp_path):
+    import pymupdf
+
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in _printed_rows()))
+    (acme,) = load_reports(path)
+    assert len(acme.pages("passage")) == 5  # the old layout: one page per passage, "nan" included
+    pages = acme.pages("printed")
+    assert [p.text for p in pages] == [
+        "Acme 2023 Sustainability Report",  # the cover: the report's title, relevant to nothing
+        "Zero waste by 2030.",  # printed page 4 before printed page 12
+        "Scenario analysis. We use the 1.5C scenario. It covers physical risk.\n\nWaste is sorted on site.",
+        "Scenarios are reviewed yearly.",  # no printed page: at the end
+    ]
+    assert pages[0].marked == {} and pages[2].marked == {Q1: 3, Q2: 2}
+    queries = {q["question"]: q["relevant_pages"] for q in queries_of(acme, layout="printed")}
+    assert queries == {Q1: [3, 4], Q2: [2, 3]}
+    write_report_pdf(acme, tmp_path / "acme.pdf", layout="printed")
+    with pymupdf.open(tmp_path / "acme.pdf") as doc:
+        assert doc.page_count == 4 and doc[0].get_text().strip() == "Acme 2023 Sustainability Report"
+        assert "Waste is sorted on site." in doc[2].get_text()
+    with pytest.raises(ValueError, match="unknown layout"):
+        acme.pages("scanned")
+
+
+def test_each_layout_is_a_document_of_its_own(tmp_path):
+    import pymupdf
+
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in _printed_rows()))
+    counts = write_pools(path, tmp_path / "o", split={"climretrieve-train": {"held_out_reports": []}},
+                         layouts=("passage", "printed"))
+    assert counts == {"reports": 1, "train_queries": 4, "heldout_queries": 0, "pages": 5 + 4}
+    queries = load_queries(tmp_path / "o" / "train_queries.jsonl")
+    printed = "CR_Acme_2023_Sustainability_Report_printed"
+    by_layout = {(q.doc_ids[0], q.question): q for q in queries}
+    assert by_layout[(printed, Q2)].relevant == {(printed, 2), (printed, 3)}
+    assert by_layout[(printed, Q2)].fields["layout"] == "printed"
+    assert len({q.id for q in queries}) == 4
+    with pymupdf.open(tmp_path / "o" / "pdfs" / "CR_Acme_2023_Sustainability_Report_printed.pdf") as doc:
+        assert doc.page_count == 4
+    with pytest.raises(ValueError, match="unknown layout"):
+        write_pools(path, tmp_path / "o2", split={"climretrieve-train": {"held_out_reports": []}}, layouts=("scan",))
+
+
+def test_a_page_too_long_for_the_smallest_font_grows_instead_of_losing_text(tmp_path):
+    import pymupdf
+
+    rows = [{"report": "Huge.pdf", "question": Q1, "answer": "", "relevant_text": "x", "printed_page": 3,
+             "context": " ".join(f"word{i}" for i in range(9000)) + " THE-END", "relevance": 2}]
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps(rows[0]) + "\n")
+    write_pools(path, tmp_path / "o", split={"climretrieve-train": {"held_out_reports": []}}, layouts=("printed",))
+    with pymupdf.open(tmp_path / "o" / "pdfs" / "CR_Huge_printed.pdf") as doc:
+        assert doc.page_count == 2 and doc[1].rect.height > 842
+        text = doc[1].get_text()
+        assert "word0 " in text and "THE-END" in text
 
 
 def test_the_held_out_split_names_real_reports_on_both_sides():

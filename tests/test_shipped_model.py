@@ -96,15 +96,13 @@ def test_shipped_model_finds_no_evidence_in_a_document_that_cannot_hold_it(make_
     assert in_report and max(p.probability for p in in_report) < t
 
 
-@pytest.mark.xfail(strict=True, reason="known: the shipped model ranks a report's short cover first "
-                                      "(page length learnt from the generated training reports; docs/BENCHMARKS.md 8q)")
 def test_shipped_model_does_not_take_a_reports_cover_for_its_evidence(make_pdf, tmp_path):
-    """A real report's pages are long and its cover holds a few words. The training
-    reports' pages are single passages, so the shipped model, which weighs a page's own
-    length, learnt that the shortest page is the likeliest evidence: BHP's six-word
-    cover ranked first at p 0.35 (docs/BENCHMARKS.md 8q). The page about physical
-    risks should be first, above the cover and the back page. A known defect, kept in
-    view: strict, so the day a model passes it this marker must go."""
+    """A real report's pages are long and its cover holds a few words. The model of 8p
+    was trained on reports generated one page per passage, weighed a page's shortness
+    up and ranked BHP's six-word cover first at p 0.35, and this report's cover first
+    at p 0.56 (docs/BENCHMARKS.md 8q). Trained on the reports' printed pages too, each
+    with a cover (8r), the page about physical risks comes first, above the cover and
+    the back page."""
     from evidentia.engine import Engine
 
     governance = ("Governance. The Board oversees our approach to climate change through its Sustainability "
@@ -137,11 +135,10 @@ def test_shipped_model_does_not_take_a_reports_cover_for_its_evidence(make_pdf, 
     reranker.attach_backend(engine.backend)
     query = engine.query("What physical climate risks has the company identified?", "")
     pages = reranker.rerank(query, engine.retrieve(query, ["Acme_Climate_Transition_Action_Plan"], "hybrid", 20)).pages
-    assert pages[0].page == 6  # the shipped model: the cover first, p 0.56
+    ranking = [(p.page, round(p.probability, 3)) for p in pages]
+    assert pages[0].page == 6, ranking  # 8r: p 0.61 (the cover second at 0.35, still above t; 8p: first at 0.56)
     covers = [p for p in pages if p.page in (1, 12)]
-    assert covers and all(p.probability < pages[0].probability for p in covers)
-    # (A model that does not weigh length, tried in 8q, passes this, with the cover
-    # second at p 0.34: not yet below t.)
+    assert covers and all(p.probability < pages[0].probability for p in covers), ranking
 
 
 def test_scoring_with_the_shipped_model_never_imports_torch():
