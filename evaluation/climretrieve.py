@@ -6,17 +6,17 @@ marked passage (its ``context``: the marked text with the sentences around it,
 about a paragraph) goes into a generated PDF per report, laid out one of two ways
 (``LAYOUTS``):
 
-- ``passage``: one page per passage (83 words at the median);
+- ``passage``: one page per passage (85 words at the median);
 - ``printed``: the report as printed, as far as the passages tell it: a cover
   page with the report's title, then one page per printed page the experts cited,
   in the report's order, holding every passage marked on that page (sentences the
   overlapping contexts share written once); passages without a printed page get a
-  page each at the end, and marks without any text ("nan", in 7 reports marked
-  relevant) none. Real reports have covers and pages of several
+  page each at the end. Real reports have covers and pages of several
   paragraphs; a model trained only on the ``passage`` layout learned that short
   pages are the reports' evidence and ranked real covers first.
 
-A query is a (report, question) pair whose relevant pages are those holding a
+Marks without any text (``nan``) make no page in either layout. A query is a
+(report, question) pair whose relevant pages are those holding a
 passage marked for that question (relevance >= 1). Passages the experts marked
 for the report's *other* questions, and the cover, are its non-relevant pages:
 hard negatives from the same document.
@@ -106,8 +106,6 @@ class Report:
         by_page: dict[int, list[Unit]] = defaultdict(list)
         unplaced = []
         for unit in self.units:
-            if _is_missing(unit.text):
-                continue  # a mark without its text ("nan"): nothing a page could show
             if unit.printed_page is None:
                 unplaced.append(unit)
             else:
@@ -161,7 +159,10 @@ def load_reports(passages_file: Path) -> list[Report]:
         for row in rows:
             key = str(row.get("relevant_text") or "").strip() or _unit_text(row)
             text = _unit_text(row)
-            if not text:
+            if _is_missing(text):
+                # a mark without any text ("nan" for both the passage and its context;
+                # 17 rows, 7 of them rated relevant): no page can show it, and as a
+                # page reading "nan" it was evidence a model learnt to rank first
                 continue
             unit = units.setdefault(key, Unit(text, printed_page=_page_number(row.get("printed_page"))))
             try:
