@@ -137,7 +137,9 @@ def _is_missing(text) -> bool:
     return not isinstance(text, str) or text.strip().lower() in ("", "nan")
 
 
-def _unit_text(row: dict) -> str:
+def passage_text(row: dict) -> str:
+    """The text a ClimRetrieve row shows: its context (the marked passage with the
+    sentences around it), else the marked text itself."""
     context = row.get("context")
     if not _is_missing(context):
         return context.strip()
@@ -157,14 +159,14 @@ def load_reports(passages_file: Path) -> list[Report]:
         units: dict[str, Unit] = {}
         answers: dict[str, str] = {}
         for row in rows:
-            key = str(row.get("relevant_text") or "").strip() or _unit_text(row)
-            text = _unit_text(row)
+            key = str(row.get("relevant_text") or "").strip() or passage_text(row)
+            text = passage_text(row)
             if _is_missing(text):
                 # a mark without any text ("nan" for both the passage and its context;
                 # 17 rows, 7 of them rated relevant): no page can show it, and as a
                 # page reading "nan" it was evidence a model learnt to rank first
                 continue
-            unit = units.setdefault(key, Unit(text, printed_page=_page_number(row.get("printed_page"))))
+            unit = units.setdefault(key, Unit(text, printed_page=printed_page(row)))
             try:
                 relevance = int(row.get("relevance"))
             except (TypeError, ValueError):
@@ -176,9 +178,10 @@ def load_reports(passages_file: Path) -> list[Report]:
     return reports
 
 
-def _page_number(value) -> int | None:
+def printed_page(row: dict) -> int | None:
+    """The report's page number the experts cited for a row (None where not given)."""
     try:
-        return int(value)
+        return int(row.get("printed_page"))
     except (TypeError, ValueError):
         return None
 

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
+from evidentia.evaluation.climretrieve import passage_text, printed_page
 from evidentia.evaluation.queries import json_objects
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -154,19 +155,6 @@ def records_from_climretrieve(passages_file: Path, negatives_per_positive: int =
     with open(passages_file, encoding="utf-8") as fh:
         rows = [obj for _n, obj in json_objects(fh, str(passages_file), DatasetError)]
     rng = random.Random(seed)
-
-    def page_text(row) -> str:
-        context = row.get("context")
-        if isinstance(context, str) and context.strip() and context.strip().lower() != "nan":
-            return context.strip()
-        return str(row.get("relevant_text") or "").strip()
-
-    def page_no(row) -> int | None:
-        try:
-            return int(row.get("printed_page"))
-        except (TypeError, ValueError):
-            return None
-
     by_report: dict[str, list[dict]] = defaultdict(list)
     for row in rows:
         by_report[row["report"]].append(row)
@@ -178,16 +166,17 @@ def records_from_climretrieve(passages_file: Path, negatives_per_positive: int =
             relevance = row.get("relevance")
             if relevance is None or int(relevance) < min_relevance:
                 continue
-            text = page_text(row)
+            text = passage_text(row)
             if not text:
                 continue
             answer = str(row.get("answer") or "")
-            yield TrainingRecord(row["question"], answer, text, 1, report, page_no(row), "climretrieve")
+            yield TrainingRecord(row["question"], answer, text, 1, report, printed_page(row), "climretrieve")
             others = [o for o in report_rows
                       if o["question"] != row["question"] and str(o.get("relevant_text") or "") not in marked[row["question"]]
-                      and page_text(o)]
+                      and passage_text(o)]
             for other in rng.sample(others, min(negatives_per_positive, len(others))):
-                yield TrainingRecord(row["question"], answer, page_text(other), 0, report, page_no(other), "climretrieve")
+                yield TrainingRecord(row["question"], answer, passage_text(other), 0, report, printed_page(other),
+                                     "climretrieve")
 
 
 def dedupe(records: Iterable[TrainingRecord]) -> list[TrainingRecord]:
