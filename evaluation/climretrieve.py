@@ -139,11 +139,13 @@ def _is_missing(text) -> bool:
 
 def passage_text(row: dict) -> str:
     """The text a ClimRetrieve row shows: its context (the marked passage with the
-    sentences around it), else the marked text itself."""
+    sentences around it), else the marked text itself; "" for a mark without any
+    text ("nan" for both), which no page and no training record can show."""
     context = row.get("context")
     if not _is_missing(context):
         return context.strip()
-    return str(row.get("relevant_text") or "").strip()
+    text = row.get("relevant_text")
+    return "" if _is_missing(text) else text.strip()
 
 
 def load_reports(passages_file: Path) -> list[Report]:

@@ -70,9 +70,15 @@ class ClassifierReranker(Reranker):
                 embedder = embedder.load().with_windows(**windows)
             else:
                 embedder = PageEmbedder(metadata.base_model, device=device, **windows)
+            from evidentia.reranker.query_adapter import QueryAdapter
             from evidentia.reranker.question_memory import QuestionMemory
 
-            self.extractor = FeatureExtractor(embedder, stats, memory=QuestionMemory.load(self.model_dir))
+            try:
+                adapter = QueryAdapter.load(self.model_dir)
+            except ValueError as exc:
+                raise ModelLoadError(f"{self.model_dir}: unusable query adapter ({exc})") from None
+            self.extractor = FeatureExtractor(embedder, stats, memory=QuestionMemory.load(self.model_dir),
+                                              adapter=adapter)
             self.model = self.tokenizer = None
             self.metadata = metadata
         else:

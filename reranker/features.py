@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
+from evidentia.reranker.query_adapter import QueryAdapter
 from evidentia.reranker.question_memory import MEMORY_FEATURE_NAMES, MemoryMatch, QuestionMemory
 from evidentia.reranker.statements import item_statements, named_statements, titled_statements
 from evidentia.text import keywords, normalise_numbers, tokens
@@ -71,6 +72,7 @@ PAGE_FEATURE_NAMES = (
     "num_share",        # share of numeric tokens on the page
     "statement_title",  # 1 when the question names a financial statement and the page is titled as it (reranker/statements.py)
     "statement_item",   # 1 when the page is titled as a statement printing a line item the question asks about
+    "cos_query_adapted",  # cosine(question + answer moved by the model's query adapter, best window): reranker/query_adapter.py
 )
 DOCUMENT_FEATURE_NAMES = (
     "doc_rank_cos",     # ln(1 + pages of the document with a higher cos_query)
@@ -84,13 +86,14 @@ DOCUMENT_FEATURE_NAMES = (
     "doc_local_bm25",   # BM25 with the document's own IDF (rare in this document), over the document's best
     "doc_rank_local_bm25",  # ln(1 + pages of the document with a higher local BM25)
     "doc_cov_query",    # how far the document falls short of holding half the query keywords' weight (coverage_shortfall)
+    "doc_rank_cos_adapted",  # ln(1 + pages of the document with a higher cos_query_adapted)
 )
 # Signs the relevance model's weights must keep (reranker/relevance_model.py): the
 # probability never rises as the page ranks lower in its document. With free signs
 # the fit paired a negative weight on the reciprocal-rank fusion with the log ranks
 # into a U: past the ranks seen in training, worse ranks scored higher.
 FEATURE_SIGNS = {"doc_rank_cos": -1, "doc_rank_bm25": -1, "doc_rank_cos_question": -1, "doc_rank_local_bm25": -1,
-                 "doc_rrf": +1}
+                 "doc_rrf": +1, "doc_rank_cos_adapted": -1}
 # Features constant over a document, left out of the relevance fit and fitted after it
 # on the out-of-fold logits (reranker/relevance_model.py, calibrate_documents): they move
 # a document's probabilities, never the order of its pages. Without them a filing's
@@ -382,6 +385,7 @@ def document_features(page_features: np.ndarray, local: np.ndarray | None = None
         out[:, 8] = local / local.max() if local.max() > 0 else 0.0
         out[:, 9] = np.log1p(_higher_count(local))
     out[:, 10] = coverage_shortfall(coverage)
+    out[:, 11] = np.log1p(_higher_count(page_features[:, PAGE_FEATURE_NAMES.index("cos_query_adapted")]))
     return out
 
 
@@ -427,10 +431,12 @@ class FeatureExtractor:
     by the text's hash (training scores the same page for many questions)."""
 
     def __init__(self, embedder: "PageEmbedder", stats: TermStatistics | None = None,
-                 cache_size: int = 4096, memory: QuestionMemory | None = None) -> None:
+                 cache_size: int = 4096, memory: QuestionMemory | None = None,
+                 adapter: QueryAdapter | None = None) -> None:
         self.embedder = embedder
         self.stats = stats
         self.memory = memory
+        self.adapter = adapter
         self.cache_size = cache_size
         self._windows: OrderedDict[str, np.ndarray] = OrderedDict()
 
@@ -469,6 +475,12 @@ class FeatureExtractor:
         vecs = self._encode_queries(query_text, question.strip() or query_text, answer.strip())
         terms = query_terms(question, answer, language)
         match = self.memory.match(vecs[1], question) if self.memory is not None else None
+        if match is None:
+            # a question the model never met: the adapter was learnt on the remembered
+            # ones. Applied to every question, it cost the filings' one-off questions
+            # (cross-fitted P@1 0.28 against 0.36 with this gate) and the cross-fitted
+            # gains in both domains were smaller (docs/BENCHMARKS.md 8s)
+            vecs = (*vecs[:3], vecs[0])
         n_page = len(ROW_FEATURE_NAMES)
         stems: dict[str, list[str]] = {}  # page text -> page_stems, for this query's pages and documents
         out[:, :n_page] = self._page_features(vecs, terms, pages, vector_source, match=match, stems=stems)
@@ -535,6 +547,11 @@ class FeatureExtractor:
     def question_vector(self, question: str) -> np.ndarray:
         return self.embedder._encode([question.strip()], role="query")[0]
 
+    def query_vector(self, question: str, answer: str) -> np.ndarray:
+        """The vector of question + answer, as the cosine features read it (not adapted)."""
+        query_text = f"{question.strip()} {answer.strip()}".strip()
+        return self._encode_queries(query_text, question.strip() or query_text, answer.strip())[0]
+
     def _page_features(self, vecs, terms: QueryTerms, pages: Sequence[tuple[str | None, int | None, str]],
                        vector_source: PageVectorSource | None, match: MemoryMatch | None = None,
                        stored_only: bool = False, stems: dict[str, list[str]] | None = None) -> np.ndarray | None:
@@ -542,7 +559,7 @@ class FeatureExtractor:
         page with text has no stored vectors (instead of embedding it here).
         ``stems`` (page text -> ``page_stems``) is filled for the pages read."""
         stems = {} if stems is None else stems
-        q_vec, question_vec, answer_vec = vecs
+        q_vec, question_vec, answer_vec, adapted_vec = vecs
         n_page = len(PAGE_FEATURE_NAMES)
         out = np.zeros((len(pages), len(ROW_FEATURE_NAMES)), dtype=np.float64)
         for i, (doc_id, page, text) in enumerate(pages):
@@ -553,17 +570,21 @@ class FeatureExtractor:
             key = text or ""
             if key not in stems:
                 stems[key] = page_stems(key)
-            out[i, 4:n_page] = lexical_features(terms, key, self.stats, stems[key])
+            out[i, 4:n_page - 1] = lexical_features(terms, key, self.stats, stems[key])
+            out[i, n_page - 1] = float((vectors @ adapted_vec).max()) if vectors.size and vectors.shape[1] == len(
+                adapted_vec) else 0.0
             if match is not None and vectors.size and vectors.shape[1] == len(q_vec):
                 out[i, n_page:] = match.features(vectors)
         return out
 
     def _encode_queries(self, query_text: str, question: str,
-                        answer: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """Vectors of question + answer, the question, and the answer (None when empty)."""
+                        answer: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]:
+        """Vectors of question + answer, the question, the answer (None when empty), and
+        of question + answer moved by the query adapter (the same without one)."""
         texts = [query_text, question] + ([answer] if answer else [])
         vecs = self.embedder._encode(texts, role="query")
-        return vecs[0], vecs[1], (vecs[2] if answer else None)
+        adapted = self.adapter.adapt(vecs[0]) if self.adapter is not None else vecs[0]
+        return vecs[0], vecs[1], (vecs[2] if answer else None), adapted
 
 
 def cosine_features(query_vec: np.ndarray, question_vec: np.ndarray, answer_vec: np.ndarray | None,

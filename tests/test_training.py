@@ -110,6 +110,19 @@ def test_climretrieve_negatives_per_positive_and_min_relevance(passages_dir):
     assert [(r.question, r.page_text, r.relevance) for r in strict] == [("Q1", "t-a2", 1)]
 
 
+def test_climretrieve_mark_without_any_text_makes_no_record(tmp_path):
+    """A row with "nan" for both its passage and its context (17 in ClimRetrieve, 7 rated
+    relevant) is neither evidence nor a negative: as the page text "nan" it was
+    evidence a model learnt to rank first (docs/BENCHMARKS.md 8r)."""
+    path = tmp_path / "passages.jsonl"
+    rows = [dict(PASSAGES[0]), {**PASSAGES[0], "question": "Q7", "relevant_text": "nan", "context": "nan"},
+            {**PASSAGES[0], "question": "Q8", "relevant_text": "t-q8", "context": None, "relevance": 2}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    records = list(records_from_climretrieve(path, negatives_per_positive=5))
+    assert records and all(r.page_text.strip().lower() not in ("", "nan") for r in records)
+    assert "Q7" not in {r.question for r in records}
+
+
 def test_climretrieve_bad_line_is_named(tmp_path):
     path = tmp_path / "passages.jsonl"
     path.write_text(json.dumps(PASSAGES[0]) + "\n{broken\n")

@@ -45,6 +45,7 @@ from evidentia.reranker.question_memory import MEMORY_FEATURE_NAMES, QuestionMem
 from evidentia.reranker.relevance_model import (KIND, FeatureModelError, calibrate_documents, calibrated_out_of_fold,
                                                 choose_threshold, fit, fold_models, fold_of_groups)
 from evidentia.training.dataset import FOREIGN_SOURCE, TrainingRecord, stable_share
+from evidentia.training.query_adapter import fit_query_adapter
 
 DEFAULT_EMBEDDER = "all-MiniLM-L6-v2"
 # The inverse L2 strength of the logistic regression, chosen by 5-fold cross-validation
@@ -131,6 +132,47 @@ def _out_of_fold_logits(records: Sequence[TrainingRecord], x: np.ndarray, labels
     return logits, best
 
 
+def query_adapter_pools(records: Sequence[TrainingRecord], extractor: FeatureExtractor, vector_source=None):
+    """The judged pools the query adapter learns from, one per (question, answer,
+    document) of the records in their own documents, with the document:
+    ((query vector, each page's window vectors, each page's label), doc_id)."""
+    by_pool: dict[tuple[str, str, str], list[TrainingRecord]] = defaultdict(list)
+    for r in records:
+        if r.source != FOREIGN_SOURCE and r.question.strip():
+            by_pool[(r.question, r.answer, r.doc_id or "")].append(r)
+    out = []
+    for (question, answer, doc_id), rows in by_pool.items():
+        query_vec = extractor.query_vector(question, answer)
+        windows = [extractor.page_windows(r.doc_id or None, r.page, r.page_text, vector_source) for r in rows]
+        labels = [r.soft_label if r.soft_label is not None else float(r.relevance) for r in rows]
+        out.append(((query_vec, windows, labels), doc_id))
+    return out
+
+
+def document_families(records: Sequence[TrainingRecord]) -> list[str]:
+    """Each record's document family: documents that share an answered query (the same
+    question and answer judged in both) are one, so that folds keep them together."""
+    parent: dict[str, str] = {}
+
+    def find(doc: str) -> str:
+        while parent.setdefault(doc, doc) != doc:
+            parent[doc] = parent[parent[doc]]
+            doc = parent[doc]
+        return doc
+
+    first_document: dict[tuple[str, str], str] = {}
+    for r in records:
+        doc = r.doc_id or ""
+        find(doc)
+        if r.source == FOREIGN_SOURCE or not r.answer.strip():
+            continue  # another document's pages for the query; an unanswered question links every report
+        other = first_document.setdefault((r.question, r.answer), doc)
+        a, b = find(doc), find(other)
+        if a != b:
+            parent[max(a, b)] = min(a, b)
+    return [find(r.doc_id or "") for r in records]
+
+
 def memory_entries(records: Sequence[TrainingRecord], extractor: FeatureExtractor, vector_source=None):
     """One memory entry per judged (question, page), with the page's document:
     ((question vector, window vectors, relevant, question), doc_id)."""
@@ -183,26 +225,37 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
     entries = memory_entries([r for r in records if r.source != FOREIGN_SOURCE], extractor, vectors)
     x = np.zeros((len(records), len(FEATURE_NAMES)))
     pages_of_documents: dict[tuple[str, str, str], np.ndarray] = {}
-    folds = fold_of_groups(groups, MEMORY_FOLDS, seed)
+    adapter_pools = query_adapter_pools(records, extractor, vectors)
+    folds = fold_of_groups(document_families(records), MEMORY_FOLDS, seed)
     if len(set(groups)) >= 2:
-        # A record's memory features come from a memory without its own document
-        # (the other folds'), as a new supplier's page meets the questions the
-        # model remembers: otherwise the fit would trust a page's memory of itself.
+        # A record's memory and adapter features come from a memory and an adapter
+        # without its own document (the other folds'), as a new supplier's page meets
+        # the questions the model remembers: otherwise the fit would trust a page's
+        # memory of itself. Documents that share a query go to one fold (the same
+        # report in two layouts would otherwise remember itself).
         for k in sorted(set(folds.tolist())):
             rows = np.flatnonzero(folds == k)
             own = {groups[i] for i in rows}
             extractor.memory = QuestionMemory.build([e for e, g in entries if g not in own])
+            extractor.adapter = fit_query_adapter([pool for pool, doc in adapter_pools if doc not in own])
+            log(f"memory and query adapter of fold {k + 1}/{len(set(folds.tolist()))} fitted")
             x[rows] = record_features([records[i] for i in rows], extractor, vector_source=vectors,
                                       document_source=documents, documents=pages_of_documents)
     else:
         x[:] = record_features(records, extractor, vector_source=vectors, document_source=documents,
                                documents=pages_of_documents)
     # a new question in any domain, not only in the filings' (whose questions rarely repeat)
-    x[np.ix_(_memory_dropped(records, MEMORY_DROPOUT, seed), _MEMORY_COLUMNS)] = 0.0
+    # (and, as for a new question at search time, no query adapter: its columns are the plain cosine's)
+    dropped = _memory_dropped(records, MEMORY_DROPOUT, seed)
+    x[np.ix_(dropped, _MEMORY_COLUMNS)] = 0.0
+    x[np.ix_(dropped, _ADAPTED_COLUMNS)] = x[np.ix_(dropped, _PLAIN_COLUMNS)]
     for (question, _answer, doc_id), rows in pages_of_documents.items():
         if _drops_memory(question, doc_id, MEMORY_DROPOUT, seed):  # the document's pages go with its records
             rows[:, _MEMORY_COLUMNS] = 0.0
+            rows[:, _ADAPTED_COLUMNS] = rows[:, _PLAIN_COLUMNS]
     memory = QuestionMemory.build([e for e, _g in entries])
+    # without folds the records' features were computed with no adapter: the model keeps none
+    adapter = fit_query_adapter([pool for pool, _doc in adapter_pools], log=log) if len(set(groups)) >= 2 else None
     labels = [r.soft_label if r.soft_label is not None else float(r.relevance) for r in records]
     hard = np.asarray([r.relevance for r in records])
     # Foreign documents' pages (training/dataset.py) are left out of the page model's fit
@@ -273,12 +326,17 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     memory.save(out_dir)
+    if adapter is not None:
+        adapter.save(out_dir)
     metadata.write(out_dir)
     log(f"trained in {time.perf_counter() - t0:.1f} s: " + json.dumps(metrics))
     return metadata
 
 
 _MEMORY_COLUMNS = [FEATURE_NAMES.index(n) for n in MEMORY_FEATURE_NAMES]
+# the query adapter's features and the plain ones they equal without it
+_ADAPTED_COLUMNS = [FEATURE_NAMES.index(n) for n in ("cos_query_adapted", "doc_rank_cos_adapted")]
+_PLAIN_COLUMNS = [FEATURE_NAMES.index(n) for n in ("cos_query", "doc_rank_cos")]
 
 
 def _memory_dropped(records: Sequence[TrainingRecord], share: float, seed: int) -> np.ndarray:
