@@ -475,12 +475,12 @@ class FeatureExtractor:
         vecs = self._encode_queries(query_text, question.strip() or query_text, answer.strip())
         terms = query_terms(question, answer, language)
         match = self.memory.match(vecs[1], question) if self.memory is not None else None
-        if match is None:
-            # a question the model never met: the adapter was learnt on the remembered
-            # ones. Applied to every question, it cost the filings' one-off questions
-            # (cross-fitted P@1 0.28 against 0.36 with this gate) and the cross-fitted
-            # gains in both domains were smaller (docs/BENCHMARKS.md 8s)
-            vecs = (*vecs[:3], vecs[0])
+        # The adapter moves only a remembered question's query: it was learnt on those.
+        # Applied to every question, it cost the filings' one-off questions (cross-fitted
+        # P@1 0.28 against 0.36 with this gate) and the cross-fitted gains in both
+        # domains were smaller (docs/BENCHMARKS.md 8s).
+        adapted = self.adapter.adapt(vecs[0]) if self.adapter is not None and match is not None else vecs[0]
+        vecs = (*vecs, adapted)
         n_page = len(ROW_FEATURE_NAMES)
         stems: dict[str, list[str]] = {}  # page text -> page_stems, for this query's pages and documents
         out[:, :n_page] = self._page_features(vecs, terms, pages, vector_source, match=match, stems=stems)
@@ -578,13 +578,11 @@ class FeatureExtractor:
         return out
 
     def _encode_queries(self, query_text: str, question: str,
-                        answer: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]:
-        """Vectors of question + answer, the question, the answer (None when empty), and
-        of question + answer moved by the query adapter (the same without one)."""
+                        answer: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """Vectors of question + answer, the question, and the answer (None when empty)."""
         texts = [query_text, question] + ([answer] if answer else [])
         vecs = self.embedder._encode(texts, role="query")
-        adapted = self.adapter.adapt(vecs[0]) if self.adapter is not None else vecs[0]
-        return vecs[0], vecs[1], (vecs[2] if answer else None), adapted
+        return vecs[0], vecs[1], (vecs[2] if answer else None)
 
 
 def cosine_features(query_vec: np.ndarray, question_vec: np.ndarray, answer_vec: np.ndarray | None,

@@ -225,8 +225,9 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
     entries = memory_entries([r for r in records if r.source != FOREIGN_SOURCE], extractor, vectors)
     x = np.zeros((len(records), len(FEATURE_NAMES)))
     pages_of_documents: dict[tuple[str, str, str], np.ndarray] = {}
-    adapter_pools = query_adapter_pools(records, extractor, vectors)
     folds = fold_of_groups(document_families(records), MEMORY_FOLDS, seed)
+    # without folds the records' features are computed with no adapter, and the model keeps none
+    adapter_pools = query_adapter_pools(records, extractor, vectors) if len(set(groups)) >= 2 else []
     if len(set(groups)) >= 2:
         # A record's memory and adapter features come from a memory and an adapter
         # without its own document (the other folds'), as a new supplier's page meets
@@ -254,8 +255,7 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
             rows[:, _MEMORY_COLUMNS] = 0.0
             rows[:, _ADAPTED_COLUMNS] = rows[:, _PLAIN_COLUMNS]
     memory = QuestionMemory.build([e for e, _g in entries])
-    # without folds the records' features were computed with no adapter: the model keeps none
-    adapter = fit_query_adapter([pool for pool, _doc in adapter_pools], log=log) if len(set(groups)) >= 2 else None
+    adapter = fit_query_adapter([pool for pool, _doc in adapter_pools], log=log)
     labels = [r.soft_label if r.soft_label is not None else float(r.relevance) for r in records]
     hard = np.asarray([r.relevance for r in records])
     # Foreign documents' pages (training/dataset.py) are left out of the page model's fit
