@@ -8,7 +8,9 @@ and in documents of the other domain's queries (a climate report for a filing's
 question, a filing for a report's question: drawn with a fixed seed, two per query),
 reranks the hybrid pool with the classifier and prints, for each:
 the best page's probability (median, mean, max) and the share of pools that keep a
-page at the threshold t (the model's default unless --threshold).
+page at the threshold t (the model's default unless --threshold); the foreign pools
+also apart by whether the question names something (``question_name``: "Boeing"), which
+the model checks the document for, or not (a report's "the company", "... for 3M?").
 
     export EVIDENTIA_DATA_DIR=/tmp/evd     # both sets' documents indexed
     python bench/foreign_documents.py --queries split/heldout_queries.jsonl \\
@@ -28,11 +30,13 @@ from evidentia.config import Settings
 from evidentia.engine import Engine
 from evidentia.evaluation.queries import load_queries
 from evidentia.reranker.classifier import ClassifierReranker
+from evidentia.reranker.features import question_name
 
 
 def best_probabilities(engine: Engine, reranker: ClassifierReranker, t: float, queries, doc_ids_of, stage: str,
-                       pool_size: int) -> list[tuple[float, int]]:
-    """(best probability, pages at or above t) of each query's pool in each of ``doc_ids_of(query)``."""
+                       pool_size: int) -> list[tuple[float, int, bool]]:
+    """(best probability, pages at or above t, the question names something) of each
+    query's pool in each of ``doc_ids_of(query)``."""
     out = []
     for q in queries:
         query = engine.query(q.question, q.answer)
@@ -40,16 +44,16 @@ def best_probabilities(engine: Engine, reranker: ClassifierReranker, t: float, q
             pool = engine.retrieve(query, doc_ids, stage, pool_size)
             probabilities = [p.probability for p in reranker.rerank(query, pool).pages]
             kept = sum(p >= t for p in probabilities)
-            out.append((max(probabilities, default=0.0), kept))
+            out.append((max(probabilities, default=0.0), kept, question_name(q.question) is not None))
     return out
 
 
-def summary(rows: list[tuple[float, int]]) -> dict:
-    best = [b for b, _k in rows]
+def summary(rows: list[tuple[float, int, bool]]) -> dict:
+    best = [b for b, _k, _n in rows]
     return {"pools": len(rows), "best_p_median": round(statistics.median(best), 3),
             "best_p_mean": round(statistics.mean(best), 3), "best_p_max": round(max(best), 3),
-            "pools_keeping_a_page": round(sum(k > 0 for _b, k in rows) / len(rows), 3),
-            "pages_kept_mean": round(statistics.mean(k for _b, k in rows), 2)}
+            "pools_keeping_a_page": round(sum(k > 0 for _b, k, _n in rows) / len(rows), 3),
+            "pages_kept_mean": round(statistics.mean(k for _b, k, _n in rows), 2)}
 
 
 def main() -> int:
@@ -84,9 +88,13 @@ def main() -> int:
         pick = min(args.per_query, len(docs[other]))
         result[f"{name}: own documents"] = summary(best_probabilities(
             engine, reranker, t, qs, lambda q: [list(q.doc_ids)], args.stage, settings.pool_size))
-        result[f"{name}: foreign documents"] = summary(best_probabilities(
-            engine, reranker, t, qs, lambda q: [[d] for d in rng.sample(docs[other], pick)], args.stage,
-            settings.pool_size))
+        foreign = best_probabilities(engine, reranker, t, qs, lambda q: [[d] for d in rng.sample(docs[other], pick)],
+                                     args.stage, settings.pool_size)
+        result[f"{name}: foreign documents"] = summary(foreign)
+        for named, label in ((True, "naming something"), (False, "naming nothing")):
+            rows = [r for r in foreign if r[2] == named]
+            if rows and len(rows) < len(foreign):
+                result[f"{name}: foreign documents, questions {label}"] = summary(rows)
     if args.json:
         print(json.dumps(result))
     else:

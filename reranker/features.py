@@ -25,8 +25,9 @@ same features - and the same probability - whatever pool it comes in.
   for every query), computed over the whole document, never over the pool: the
   same page of the same document gets the same value whatever pool it comes in;
   and the document's mean share of numeric tokens (a filing's tables, a report's
-  prose), used only to put documents on one probability scale after the fit
-  (``CALIBRATION_FEATURES``).
+  prose) and its coverage of the query's keywords (none when it never prints the name
+  the question asks about), used only to put documents on one probability scale
+  after the fit (``CALIBRATION_FEATURES``).
 
 Window vectors come from the index when the page was embedded at indexing time
 with the same model (``PageVectorSource``), else they are computed here with the
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
@@ -46,7 +48,7 @@ import numpy as np
 from evidentia.reranker.query_adapter import QueryAdapter
 from evidentia.reranker.question_memory import MEMORY_FEATURE_NAMES, MemoryMatch, QuestionMemory
 from evidentia.reranker.statements import item_statements, named_statements, titled_statements
-from evidentia.text import keywords, normalise_numbers, tokens
+from evidentia.text import keywords, normalise_numbers, stop_words, tokens
 
 if TYPE_CHECKING:  # pragma: no cover
     from evidentia.records import PageVectors
@@ -163,6 +165,7 @@ class QueryTerms:
     has_answer: bool = False
     statements: frozenset = frozenset()  # financial statements the question names
     item_statements: frozenset = frozenset()  # statements printing a line item the question asks about
+    name: str | None = None  # stem of the question's rarest name (question_name), None without one
 
     @property
     def every(self) -> tuple[str, ...]:
@@ -182,7 +185,55 @@ def query_terms(question: str, answer: str, language: str | None = None) -> Quer
     words = tuple(dict.fromkeys(_stem(t) for t in a_all if not _is_number(t) and _stem(t) not in qset))
     pairs = tuple(dict.fromkeys(zip(q, q[1:])))
     return QueryTerms(tuple(dict.fromkeys(q)), words, numbers, pairs, weights, bool(answer.strip()),
-                      named_statements(question), item_statements(question))
+                      named_statements(question), item_statements(question), question_name(question))
+
+
+_SENTENCE_BREAK = re.compile(r"(?<=[.?!:;])\s+|\n+")
+_WORD = re.compile(r"[^\W\d_][\w&'’-]*")
+_POSSESSIVE = re.compile(r"(?<![\w&.-])([\w&.-]+)['’]s\b")
+# term_weight at or below it: a word as common as "the" or "I" (Zipf >= 6), never a name
+_COMMON_WORD_WEIGHT = 2.0
+
+
+def question_name(question: str) -> str | None:
+    """The stem of the rarest (highest ``term_weight``) name of an English question: a
+    capitalised word that does not open a sentence ("Boeing", "Mills" of "General
+    Mills", "Paris"), or a capitalised word in the possessive ("AMCOR's"): a name the
+    question's evidence must print. None for a question without one ("Does the
+    company ...", the usual questionnaire), for a question not in English, where
+    capitals mark nouns (German) rather than names, and for one written in title case.
+    Other all-capital words are left out: they are as often acronyms a document may
+    spell out ("USD", "COGS", "IPCC") as names; so are common words ("I", "The")."""
+    english = stop_words("en")
+    words = _WORD.findall(question)
+    if len(words) < 3 or sum(w.lower() in english for w in words) < max(2, 0.2 * len(words)):
+        return None
+    content = [w for w in words if w.lower() not in english and not w.isupper()]
+    if len(content) >= 3 and sum(w[0].isupper() for w in content) >= 0.8 * len(content):
+        return None  # a question in title case ("Does The Company Report Scope 3 Emissions?"): capitals mark nothing
+    names = [m.group(1) for m in _POSSESSIVE.finditer(question) if not m.group(1).islower()]
+    for sentence in _SENTENCE_BREAK.split(question):
+        for i, word in enumerate(_WORD.findall(sentence)):
+            word = re.sub(r"['’]s$", "", word).strip("'’-")
+            if i > 0 and len(word) >= 2 and word[0].isupper() and any(c.islower() for c in word[1:]):
+                names.append(word)
+    best: tuple[float, str] | None = None
+    for name in names:
+        # a page's tokens split "3M" into "3" and "m": a name is checked by its words of
+        # two letters or more
+        for tok in tokens(normalise_numbers(name)):
+            if len(tok) < 2 or _is_number(tok):
+                continue
+            weight = term_weight(tok, "en")
+            if weight > _COMMON_WORD_WEIGHT and (best is None or weight > best[0]):
+                best = (weight, _stem(tok))
+    return None if best is None else best[1]
+
+
+def name_missing(terms: QueryTerms, pages: Sequence[list[str]]) -> bool:
+    """Whether the question has a name (``question_name``) that none of the document's
+    pages (``page_stems`` of each) prints."""
+    return terms.name is not None and not any(terms.name in toks for toks in pages)
 
 
 @dataclass(frozen=True)
@@ -337,10 +388,18 @@ def document_coverage(terms: QueryTerms, pages: Sequence[list[str]]) -> float | 
     an answer's computed figures never make the document look foreign. None for a
     query without keywords ("How much is it?"): nothing tells whether the document
     could hold its evidence, so it is not judged (as 0.0 it lowered every page as
-    if the document held none of a query's words)."""
+    if the document held none of a query's words).
+
+    0.0 for a document that never prints the name the question asks about
+    (``question_name``): "What was Boeing's FY2022 revenue?" in another company's
+    report. The name is one keyword of three there, and "revenue" and "FY2022" are in
+    any annual report: the coverage was above one half and 15 of a BHP report's pages
+    passed the threshold (docs/BENCHMARKS.md section 8t)."""
     every = set(terms.every)
     if not every:
         return None
+    if name_missing(terms, pages):
+        return 0.0
     found = set()
     for toks in pages:
         found.update(every.intersection(toks))

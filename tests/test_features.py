@@ -14,8 +14,8 @@ from evidentia.retriever.query import build_query
 from evidentia.reranker.features import (CALIBRATION_FEATURES, DOCUMENT_FEATURE_NAMES, FEATURE_NAMES, FEATURE_SIGNS, PAGE_FEATURE_NAMES, ROW_FEATURE_NAMES,
                                          FeatureExtractor,
                                          COVERAGE_ENOUGH, TermStatistics, coverage_shortfall, document_coverage,
-                                         document_features, lexical_features, local_bm25, page_stems, query_terms,
-                                         stored_document_source, stored_vector_source, term_weight)
+                                         document_features, lexical_features, local_bm25, name_missing, page_stems,
+                                         query_terms, question_name, stored_document_source, stored_vector_source, term_weight)
 from evidentia.reranker.relevance_model import FeatureModel, FeatureModelError, choose_threshold, fit, out_of_fold
 from evidentia.training.dataset import TrainingRecord
 from evidentia.training.train_features import THRESHOLD_DRAWS
@@ -502,6 +502,75 @@ def test_pages_of_a_document_that_cannot_hold_the_evidence_teach_the_calibration
     assert probabilities(tmp_path / "with", "doc0")[3] == pytest.approx(evidence_before, abs=0.1)
 
 
+@pytest.mark.parametrize("question, name", [
+    ("What was Boeing's FY2022 revenue?", "boeing"),
+    ("What is the FY2019 cash conversion cycle for General Mills? Define it as DIO + DSO - DPO.", "mills"),  # the rarer
+    ("Does the company align its targets with the Paris Agreement?", "paris"),
+    ("Please answer. Who are the primary customers of Boeing as of FY2022?", "boeing"),  # "Please", "Who": openers
+    ("Does the company have a scope 3 target?", None),  # the usual questionnaire: no name
+    ("What is the FY2018 capex (in USD millions) for 3M?", None),  # capitals and figures only: acronyms as often
+    ("Hat das Unternehmen Ziele für die Reduktion von Emissionen?", None),  # German capitalises its nouns
+    ("Does The Company Report Its Scope 3 Emissions?", None),  # title case: the capitals mark nothing
+])
+def test_question_name_is_the_rarest_capitalised_word_of_an_english_question(question, name):
+    assert question_name(question) == name
+
+
+def test_a_document_without_the_questions_name_covers_none_of_it():
+    terms = query_terms("What was Boeing's FY2022 revenue?", "")
+    bhp = [page_stems("BHP revenue for FY2022 was US$65.1 billion."), page_stems("Our copper and iron ore assets.")]
+    boeing = bhp + [page_stems("The Boeing Company. Commercial Airplanes.")]
+    assert name_missing(terms, bhp) and not name_missing(terms, boeing)
+    assert document_coverage(terms, boeing) == 1.0
+    # without the name the report holds two of the three keywords: more than half their weight
+    nameless = query_terms("what was boeing's fy2022 revenue?", "")
+    assert nameless.name is None and coverage_shortfall(document_coverage(nameless, bhp)) == 0.0
+    assert document_coverage(terms, bhp) == 0.0 and coverage_shortfall(0.0) < -2
+    scope3 = query_terms("Does the company have a scope 3 target?", "")
+    assert not name_missing(scope3, bhp)  # no name: the coverage alone
+
+
+def test_a_document_that_never_names_the_company_asked_about_is_improbable(embedder, tmp_path):
+    """Another company's filing holds every keyword of "What were Acme's capital
+    expenditures?" but the name. Trained with foreign documents (each also as if its
+    question named nothing), the calibration makes such a document improbable, and
+    still reads the coverage of the other keywords for a question naming nothing."""
+    from evidentia.reranker.classifier import ClassifierReranker
+    from evidentia.training.dataset import FOREIGN_SOURCE
+    from evidentia.training.train_features import train_features
+
+    question, answer = "What were Acme's capital expenditures in FY2018?", "$1,577 million"
+    capex = "Purchases of property, plant and equipment. Capital expenditures were $1,577 million in 2018."
+    staff = "Employees. As of December 31, 2018, the company employed about 93,000 people."
+    documents = {f"acme{d}": [(1, f"Acme Corporation annual report {2010 + d}."), (2, staff + f" Note {d}."),
+                              (3, capex.replace("2018", str(2010 + d))), (4, staff + f" Benefits {d}.")]
+                 for d in range(6)}
+    documents.update({f"other{d}": [(1, f"Globex Inc annual report {2010 + d}."), (2, staff + f" Site {d}."),
+                                    (3, capex.replace("1,577", str(900 + d))), (4, staff + f" Plans {d}.")]
+                      for d in range(6)})
+    own = [TrainingRecord(question, answer, text, int(n == 3), doc, n)
+           for doc, pages in documents.items() if doc.startswith("acme") for n, text in pages]
+    foreign = [TrainingRecord(question, answer, text, 0, doc, n, FOREIGN_SOURCE)
+               for doc, pages in documents.items() if doc.startswith("other") for n, text in pages]
+    meta = train_features(own + foreign, tmp_path / "model", log=lambda _m: None, embedder=embedder,
+                          backend=_Index(documents, embedder))
+    # each record with and without its answer; each foreign one of those also without the name
+    assert meta.metrics["records"] == 2 * len(own) + 4 * len(foreign)
+    reranker = ClassifierReranker(tmp_path / "model", threshold=None, embedder=embedder)
+    reranker.attach_backend(_Index(documents, embedder))
+
+    def best(doc_id, q):
+        pool = [Candidate(doc_id, n, 1.0, text) for n, text in documents[doc_id]]
+        ranked = reranker.rerank(build_query(q, answer), pool).pages
+        return ranked[0].page, ranked[0].probability
+
+    nameless = question.lower()  # the same question to every feature but the name
+    assert best("acme0", question)[0] == best("other0", question)[0] == 3  # the order within a document stays
+    assert best("other0", question)[1] < 0.5 * best("other0", nameless)[1]
+    assert best("acme0", question)[1] == pytest.approx(best("acme0", nameless)[1])  # its own filing names it
+    assert best("acme0", question)[1] > 0.5
+
+
 def test_a_query_without_keywords_leaves_its_document_unjudged(embedder):
     """The document coverage of a query without a keyword is unknown, not "none of
     its words": its pages keep doc_cov_query 0, as a page whose document is unknown."""
@@ -550,9 +619,10 @@ def test_a_model_from_before_a_document_calibration_feature_still_loads():
     old = {**model, **{k: [model[k][i] for i in kept] for k in ("names", "mean", "scale", "weights")},
            "document_gap": [0.5] + [0.25] * len(known)}
     loaded = FeatureModel.from_dict(old)
-    assert loaded.document_gap == (0.5, *([0.25] * len(known)), 0.0)
+    gap = [0.5] + [0.0 if n == "doc_cov_query" else 0.25 for n in CALIBRATION_FEATURES]
+    assert loaded.document_gap == tuple(gap)
     # the same probabilities as the model with the feature at weight 0, whatever its value
-    without = FeatureModel.from_dict({**model, "document_gap": [0.5] + [0.25] * len(known) + [0.0]})
+    without = FeatureModel.from_dict({**model, "document_gap": gap})
     x[:, FEATURE_NAMES.index("doc_cov_query")] = -2.0
     best = np.full(len(x), 3.0)
     np.testing.assert_allclose(loaded.probabilities(x, best), without.probabilities(x, best))
