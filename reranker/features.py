@@ -193,6 +193,13 @@ _WORD = re.compile(r"[^\W\d_][\w&'’-]*")
 _POSSESSIVE = re.compile(r"(?<![\w&.-])([\w&.-]+)['’]s\b")
 # term_weight at or below it: a word as common as "the" or "I" (Zipf >= 6), never a name
 _COMMON_WORD_WEIGHT = 2.0
+# "Here's the question", "What's": an 's that is "is", not a possessive
+_CONTRACTED = frozenset("here there it that what who where how when why let he she this everyone "
+                        "someone something everything nothing today".split())
+# capitalised, but a document may give a date in figures ("2023-07-31") or not at all
+_CALENDAR_WORDS = frozenset(
+    "january february march april may june july august september october november december "
+    "monday tuesday wednesday thursday friday saturday sunday".split())
 
 
 def question_name(question: str) -> str | None:
@@ -203,7 +210,8 @@ def question_name(question: str) -> str | None:
     company ...", the usual questionnaire), for a question not in English, where
     capitals mark nouns (German) rather than names, and for one written in title case.
     Other all-capital words are left out: they are as often acronyms a document may
-    spell out ("USD", "COGS", "IPCC") as names; so are common words ("I", "The")."""
+    spell out ("USD", "COGS", "IPCC") as names; so are common words ("I", "The") and
+    months and weekdays. A possessive is preferred to another capitalised word."""
     english = stop_words("en")
     words = _WORD.findall(question)
     if len(words) < 3 or sum(w.lower() in english for w in words) < max(2, 0.2 * len(words)):
@@ -211,23 +219,30 @@ def question_name(question: str) -> str | None:
     content = [w for w in words if w.lower() not in english and not w.isupper()]
     if len(content) >= 3 and sum(w[0].isupper() for w in content) >= 0.8 * len(content):
         return None  # a question in title case ("Does The Company Report Scope 3 Emissions?"): capitals mark nothing
-    names = [m.group(1) for m in _POSSESSIVE.finditer(question) if not m.group(1).islower()]
+    # a possessive is the surer sign of a name ("American Express's Balance Sheet": the
+    # company, not the statement), so it is taken first
+    possessives = [m.group(1) for m in _POSSESSIVE.finditer(question)
+                   if not m.group(1).islower() and m.group(1).lower() not in _CONTRACTED]
+    capitalised = []
     for sentence in _SENTENCE_BREAK.split(question):
         for i, word in enumerate(_WORD.findall(sentence)):
             word = re.sub(r"['’]s$", "", word).strip("'’-")
             if i > 0 and len(word) >= 2 and word[0].isupper() and any(c.islower() for c in word[1:]):
-                names.append(word)
-    best: tuple[float, str] | None = None
-    for name in names:
-        # a page's tokens split "3M" into "3" and "m": a name is checked by its words of
-        # two letters or more
-        for tok in tokens(normalise_numbers(name)):
-            if len(tok) < 2 or _is_number(tok):
-                continue
-            weight = term_weight(tok, "en")
-            if weight > _COMMON_WORD_WEIGHT and (best is None or weight > best[0]):
-                best = (weight, _stem(tok))
-    return None if best is None else best[1]
+                capitalised.append(word)
+    for names in (possessives, capitalised):
+        best: tuple[float, str] | None = None
+        for name in names:
+            # a page's tokens split "3M" into "3" and "m": a name is checked by its words
+            # of two letters or more
+            for tok in tokens(normalise_numbers(name)):
+                if len(tok) < 2 or _is_number(tok) or tok in _CALENDAR_WORDS:
+                    continue
+                weight = term_weight(tok, "en")
+                if weight > _COMMON_WORD_WEIGHT and (best is None or weight > best[0]):
+                    best = (weight, _stem(tok))
+        if best is not None:
+            return best[1]
+    return None
 
 
 def name_missing(terms: QueryTerms, pages: Sequence[list[str]]) -> bool:

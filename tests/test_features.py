@@ -511,6 +511,9 @@ def test_pages_of_a_document_that_cannot_hold_the_evidence_teach_the_calibration
     ("What is the FY2018 capex (in USD millions) for 3M?", None),  # capitals and figures only: acronyms as often
     ("Hat das Unternehmen Ziele für die Reduktion von Emissionen?", None),  # German capitalises its nouns
     ("Does The Company Report Its Scope 3 Emissions?", None),  # title case: the capitals mark nothing
+    ("What was the largest liability in American Express's Balance Sheet in 2022?", "expres"),  # the possessive
+    ("Did the company's emissions fall between January 2020 and June 2023?", None),  # dates are not names
+    ("We want a metric. Here's the question: what is the FY2022 quick ratio?", None),  # "Here's": here is
 ])
 def test_question_name_is_the_rarest_capitalised_word_of_an_english_question(question, name):
     assert question_name(question) == name
