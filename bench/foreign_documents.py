@@ -8,9 +8,10 @@ and in documents of the other domain's queries (a climate report for a filing's
 question, a filing for a report's question: drawn with a fixed seed, two per query),
 reranks the hybrid pool with the classifier and prints, for each:
 the best page's probability (median, mean, max) and the share of pools that keep a
-page at the threshold t (the model's default unless --threshold); the foreign pools
-also apart by whether the question names something (``question_name``: "Boeing"), which
-the model checks the document for, or not (a report's "the company", "... for 3M?").
+page at the threshold t (the model's default unless --threshold); and the same for the
+foreign pools of questions that name something (``question_name``: "Boeing", which the
+model checks the document for) and of those that do not (a report's "the company",
+"... for 3M?").
 
     export EVIDENTIA_DATA_DIR=/tmp/evd     # both sets' documents indexed
     python bench/foreign_documents.py --queries split/heldout_queries.jsonl \\
