@@ -248,7 +248,15 @@ def question_name(question: str) -> str | None:
 def name_missing(terms: QueryTerms, pages: Sequence[list[str]]) -> bool:
     """Whether the question has a name (``question_name``) that none of the document's
     pages (``page_stems`` of each) prints."""
-    return terms.name is not None and not any(terms.name in toks for toks in pages)
+    return terms.name is not None and not _found({terms.name}, pages)
+
+
+def _found(wanted: set[str], pages: Sequence[list[str]]) -> set[str]:
+    """The ``wanted`` stems that any of the pages (``page_stems`` of each) holds."""
+    found: set[str] = set()
+    for toks in pages:
+        found.update(wanted.intersection(toks))
+    return found
 
 
 @dataclass(frozen=True)
@@ -413,11 +421,9 @@ def document_coverage(terms: QueryTerms, pages: Sequence[list[str]]) -> float | 
     every = set(terms.every)
     if not every:
         return None
-    if name_missing(terms, pages):
+    found = _found(every | ({terms.name} if terms.name else set()), pages)
+    if terms.name is not None and terms.name not in found:
         return 0.0
-    found = set()
-    for toks in pages:
-        found.update(every.intersection(toks))
     w = terms.weights or {}
 
     def share(keywords) -> float:
@@ -545,8 +551,7 @@ class FeatureExtractor:
         pool = PoolFeatures(out, [None] * len(pages), {})
         if not pages:
             return pool
-        query_text = f"{question.strip()} {answer.strip()}".strip()
-        vecs = self._encode_queries(query_text, question.strip() or query_text, answer.strip())
+        vecs = self._encode_queries(question, answer)
         terms = query_terms(question, answer, language)
         match = self.memory.match(vecs[1], question) if self.memory is not None else None
         # The adapter moves only a remembered question's query: it was learnt on those.
@@ -623,8 +628,7 @@ class FeatureExtractor:
 
     def query_vector(self, question: str, answer: str) -> np.ndarray:
         """The vector of question + answer, as the cosine features read it (not adapted)."""
-        query_text = f"{question.strip()} {answer.strip()}".strip()
-        return self._encode_queries(query_text, question.strip() or query_text, answer.strip())[0]
+        return self._encode_queries(question, answer)[0]
 
     def _page_features(self, vecs, terms: QueryTerms, pages: Sequence[tuple[str | None, int | None, str]],
                        vector_source: PageVectorSource | None, match: MemoryMatch | None = None,
@@ -651,10 +655,12 @@ class FeatureExtractor:
                 out[i, n_page:] = match.features(vectors)
         return out
 
-    def _encode_queries(self, query_text: str, question: str,
-                        answer: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """Vectors of question + answer, the question, and the answer (None when empty)."""
-        texts = [query_text, question] + ([answer] if answer else [])
+    def _encode_queries(self, question: str, answer: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """Vectors of question + answer, the question (the query without one), and the
+        answer (None when empty)."""
+        question, answer = question.strip(), answer.strip()
+        query_text = f"{question} {answer}".strip()
+        texts = [query_text, question or query_text] + ([answer] if answer else [])
         vecs = self.embedder._encode(texts, role="query")
         return vecs[0], vecs[1], (vecs[2] if answer else None)
 

@@ -237,8 +237,9 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
     pages_of_documents: dict[tuple[str, str, str], np.ndarray] = {}
     folds = fold_of_groups(document_families(records), MEMORY_FOLDS, seed)
     # without folds the records' features are computed with no adapter, and the model keeps none
-    adapter_pools = query_adapter_pools(records, extractor, vectors) if len(set(groups)) >= 2 else []
+    adapter_pools = []
     if len(set(groups)) >= 2:
+        adapter_pools = query_adapter_pools(records, extractor, vectors)
         # A record's memory and adapter features come from a memory and an adapter
         # without its own document (the other folds'), as a new supplier's page meets
         # the questions the model remembers: otherwise the fit would trust a page's
