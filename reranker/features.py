@@ -90,12 +90,31 @@ DOCUMENT_FEATURE_NAMES = (
     "doc_cov_query",    # how far the document falls short of holding half the query keywords' weight (coverage_shortfall)
     "doc_rank_cos_adapted",  # ln(1 + pages of the document with a higher cos_query_adapted)
 )
-# Signs the relevance model's weights must keep (reranker/relevance_model.py): the
-# probability never rises as the page ranks lower in its document. With free signs
+# Signs the relevance model's weights must keep (reranker/relevance_model.py).
+#
+# The probability never rises as the page ranks lower in its document. With free signs
 # the fit paired a negative weight on the reciprocal-rank fusion with the log ranks
 # into a U: past the ranks seen in training, worse ranks scored higher.
-FEATURE_SIGNS = {"doc_rank_cos": -1, "doc_rank_bm25": -1, "doc_rank_cos_question": -1, "doc_rank_local_bm25": -1,
-                 "doc_rrf": +1, "doc_rank_cos_adapted": -1}
+#
+# Nor does it fall as the page matches the query more: every cosine, keyword
+# coverage, BM25, phrase, answer-figure, statement-title and remembered-evidence
+# feature weighs >= 0.
+# These features move together, and a free fit set some against the others (doc_z_cos
+# -0.64 against cos_question +0.41, cov_question -0.59 against idf_cov_question +0.57,
+# phrase_question -0.12). On ClimRetrieve's generated reports the contrasts paid; on
+# real reports they did not. On the two BHP reports graded page by page
+# (bench/report_labels.py), the free fit was behind hybrid (P@3 of the pages that
+# answer -0.111 [-0.208, -0.014]; a glossary, every keyword and a lower cosine, first
+# for "net zero target"), the signed one level with hybrid and ahead of the free fit
+# (P@1 +0.167 [+0.042, +0.333]). Cross-fitted on the labelled queries it costs a
+# little (docs/BENCHMARKS.md section 8u).
+_RANK_SIGNS = {"doc_rank_cos": -1, "doc_rank_bm25": -1, "doc_rank_cos_question": -1, "doc_rank_local_bm25": -1,
+               "doc_rrf": +1, "doc_rank_cos_adapted": -1}
+_EVIDENCE_FEATURES = ("cos_query", "cos_question", "cos_query_mean", "cos_answer", "cos_query_adapted", "cov_question",
+                      "cov_answer", "tf_question", "idf_cov_question", "idf_cov_answer", "bm25_fixed", "bm25_domain",
+                      "phrase_question", "num_answer", "statement_title", "statement_item", "memory_relevant",
+                      "memory_margin", "doc_gap_cos", "doc_rel_bm25", "doc_z_cos", "doc_local_bm25")
+FEATURE_SIGNS = {**_RANK_SIGNS, **{name: +1 for name in _EVIDENCE_FEATURES}}
 # Features constant over a document, left out of the relevance fit and fitted after it
 # on the out-of-fold logits (reranker/relevance_model.py, calibrate_documents): they move
 # a document's probabilities, never the order of its pages. Without them a filing's

@@ -1,0 +1,81 @@
+"""Queries with page labels for the two real BHP reports in ../shared/data/csr-samples,
+for `evidentia eval` and `bench/paired_bootstrap.py`.
+
+ClimRetrieve's labelled reports are generated from their expert-marked passages only,
+so every page of them is evidence for some climate question. A real report also
+holds covers, contents, glossaries, assurance statements and pages on other
+subjects. These labels measure the rerankers on such documents.
+
+`bench/data/bhp_page_labels.jsonl` holds two batches of twelve questionnaire questions,
+each asked of each report alone (24 queries a batch):
+- batch 1, the questions of `bench/short_pages.py`: every page that the hybrid pool
+  (20 pages) returned for any of them, 71 pages (45 of the 48 of the 2020 Climate
+  Change Report, 26 of the 27 of the Climate Transition Action Plan), each against
+  all twelve questions: 852 grades. The signs of FEATURE_SIGNS were chosen on it.
+- batch 2, twelve other questions written after that choice, and graded on every
+  page of both reports (900 grades): the confirmation (docs/BENCHMARKS.md 8u).
+
+Who graded: four LLM agents, each given a quarter of the pages, the twelve
+questions and this rubric, and nothing of any ranking or probability:
+- 2: the page itself states information that answers the question for BHP (the
+  passage an analyst would cite);
+- 1: BHP-specific information that partly answers it or that an analyst would read
+  to check an answer;
+- 0: the topic absent or in passing, a contents page, a glossary or definition, a
+  cover, an assurance statement.
+They are not expert annotations: read the figures as a second opinion on real
+documents beside ClimRetrieve's expert labels, and the ungraded pages (4) as not
+relevant.
+
+    EVIDENTIA_DATA_DIR=/tmp/bhp evidentia index ../shared/data/csr-samples
+    python bench/report_labels.py --min-grade 2 --batch 2 > bhp-direct.jsonl
+    EVIDENTIA_DATA_DIR=/tmp/bhp evidentia eval --queries bhp-direct.jsonl \
+        --compare hybrid,hybrid+cosine,hybrid+classifier,hybrid+classifier@0.105 --run-out run.jsonl
+    python bench/paired_bootstrap.py --run run.jsonl --queries bhp-direct.jsonl --pair hybrid:hybrid+classifier
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+LABELS = Path(__file__).with_name("data") / "bhp_page_labels.jsonl"
+
+
+def queries(labels: Path, min_grade: int, batches: tuple[int, ...] = (1, 2)) -> list[dict]:
+    """One query per (document, question) of the given batches, in file order;
+    relevant: the pages graded at least ``min_grade``. A question without such a page
+    in a document is kept (a query without evidence: what the threshold returns for it
+    is measured too)."""
+    rows = [json.loads(line) for line in labels.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = [row for row in rows if row["batch"] in batches]
+    out: dict[tuple[str, str], dict] = {}
+    for row in rows:
+        key = (row["doc_id"], row["question"])
+        if key not in out:
+            out[key] = {"id": f"{row['doc_id']}-b{row['batch']}-q{len(out):02d}", "doc_id": row["doc_id"],
+                        "question": row["question"], "answer": "", "relevant_pages": [], "company": row["doc_id"]}
+        if row["grade"] >= min_grade:
+            out[key]["relevant_pages"].append(row["page"])
+    for query in out.values():
+        query["relevant_pages"].sort()
+    return list(out.values())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--labels", type=Path, default=LABELS)
+    ap.add_argument("--min-grade", type=int, choices=(1, 2), default=2,
+                    help="2: pages that answer the question; 1: also pages that partly answer it")
+    ap.add_argument("--batch", type=int, choices=(1, 2), action="append",
+                    help="1: the questions the feature signs were chosen on; 2: the confirmation (default: both)")
+    args = ap.parse_args()
+    for query in queries(args.labels, args.min_grade, tuple(args.batch or (1, 2))):
+        print(json.dumps(query))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
