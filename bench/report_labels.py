@@ -30,7 +30,7 @@ relevant.
     EVIDENTIA_DATA_DIR=/tmp/bhp evidentia index ../shared/data/csr-samples
     python bench/report_labels.py --min-grade 2 --batch 2 > bhp-direct.jsonl
     EVIDENTIA_DATA_DIR=/tmp/bhp evidentia eval --queries bhp-direct.jsonl \
-        --compare hybrid,hybrid+cosine,hybrid+classifier,hybrid+classifier@0.105 --run-out run.jsonl
+        --compare hybrid,hybrid+cosine,hybrid+classifier,hybrid+classifier@0.08 --run-out run.jsonl
     python bench/paired_bootstrap.py --run run.jsonl --queries bhp-direct.jsonl --pair hybrid:hybrid+classifier
 """
 
@@ -44,7 +44,7 @@ from pathlib import Path
 LABELS = Path(__file__).with_name("data") / "bhp_page_labels.jsonl"
 
 
-def queries(labels: Path, min_grade: int, batches: tuple[int, ...] = (1, 2)) -> list[dict]:
+def queries(labels: Path, min_grade: int, batches: tuple[int, ...] = (1, 2, 3)) -> list[dict]:
     """One query per (document, question) of the given batches, in file order;
     relevant: the pages graded at least ``min_grade``. A question without such a page
     in a document is kept (a query without evidence: what the threshold returns for it
@@ -69,10 +69,10 @@ def main() -> int:
     ap.add_argument("--labels", type=Path, default=LABELS)
     ap.add_argument("--min-grade", type=int, choices=(1, 2), default=2,
                     help="2: pages that answer the question; 1: also pages that partly answer it")
-    ap.add_argument("--batch", type=int, choices=(1, 2), action="append",
-                    help="1: the questions the feature signs were chosen on; 2: the confirmation (default: both)")
+    ap.add_argument("--batch", type=int, choices=(1, 2, 3), action="append",
+                    help="1: the questions the feature signs were chosen on; 2: the confirmation (default: all)")
     args = ap.parse_args()
-    for query in queries(args.labels, args.min_grade, tuple(args.batch or (1, 2))):
+    for query in queries(args.labels, args.min_grade, tuple(args.batch or (1, 2, 3))):
         print(json.dumps(query))
     return 0
 

@@ -11,14 +11,15 @@ about a paragraph) goes into a generated PDF per report, laid out one of two way
   page with the report's title, then one page per printed page the experts cited,
   in the report's order, holding every passage marked on that page (sentences the
   overlapping contexts share written once); passages without a printed page get a
-  page each at the end. Real reports have covers and pages of several
-  paragraphs; a model trained only on the ``passage`` layout learned that short
-  pages are the reports' evidence and ranked real covers first.
+  page each at the end; last, a glossary (``GLOSSARY``). Real reports have covers,
+  glossaries and pages of several paragraphs; a model trained only on the
+  ``passage`` layout learned that short pages are the reports' evidence and ranked
+  real covers first, and one that never met a glossary ranked real ones first.
 
 Marks without any text (``nan``) make no page in either layout. A query is a
 (report, question) pair whose relevant pages are those holding a
 passage marked for that question (relevance >= 1). Passages the experts marked
-for the report's *other* questions, and the cover, are its non-relevant pages:
+for the report's *other* questions, the cover and the glossary are its non-relevant pages:
 hard negatives from the same document.
 This is a page-level benchmark the evaluation can run like any other (indexed,
 retrieved by bm25/dense/hybrid, reranked), and training can take records from.
@@ -29,7 +30,9 @@ The split by report (reports of the same company on one side) is fixed in
 
 from __future__ import annotations
 
+import hashlib
 import json
+import random
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -56,6 +59,119 @@ def doc_id_of(report: str) -> str:
 
 
 LAYOUTS = ("passage", "printed")
+# A real report's glossary defines every term of a climate question and answers none.
+# On the two graded BHP reports, a model that never met one put a glossary page first
+# in 12 of 48 searches (hybrid: 8; docs/BENCHMARKS.md 8u). The ``printed`` layout ends
+# with one: a sample of these terms chosen by the report's name (the same every run).
+GLOSSARY_TERMS_PER_REPORT = 20
+# Terms a climate report's glossary defines; written for the generated reports,
+# none of them defines climate change adaptation (the subject of a ClimRetrieve
+# question, so a glossary that defined it would be that question's evidence).
+GLOSSARY = (
+    ("Biodiversity",
+     "The variety of living organisms in an ecosystem, including the diversity within species, between species and "
+     "of ecosystems."),
+    ("Carbon dioxide equivalent (CO2-e)",
+     "The universal unit of measurement used to indicate the global warming potential of a greenhouse gas, "
+     "expressed in terms of the global warming potential of one unit of carbon dioxide."),
+    ("Carbon offset",
+     "A reduction or removal of greenhouse gas emissions made to compensate for emissions occurring elsewhere, "
+     "certified under a recognised standard and retired on behalf of the company."),
+    ("Carbon price",
+     "A cost applied to greenhouse gas emissions, either through a tax or an emissions trading scheme, or used "
+     "internally to assess investments."),
+    ("Circular economy",
+     "An economic model that keeps products and materials in use for as long as possible, through reuse, repair, "
+     "remanufacturing and recycling."),
+    ("Climate-related opportunity",
+     "A potential positive impact of climate change on an organisation, such as resource efficiency, new products "
+     "and services, or access to new markets."),
+    ("Decarbonisation",
+     "The reduction of the greenhouse gas emissions associated with an activity, a product or an economy."),
+    ("Downstream",
+     "Activities that occur after a product leaves the company, including distribution, use by customers and "
+     "end-of-life treatment."),
+    ("Emissions intensity",
+     "Greenhouse gas emissions per unit of output, such as per tonne of product or per unit of revenue."),
+    ("Greenhouse gas (GHG)",
+     "A gas that traps heat in the atmosphere, including carbon dioxide, methane, nitrous oxide and fluorinated "
+     "gases."),
+    ("GHG Protocol",
+     "The Greenhouse Gas Protocol Corporate Accounting and Reporting Standard, which sets out how companies "
+     "measure and report their emissions."),
+    ("Hazardous waste",
+     "Waste with properties that make it dangerous or potentially harmful to human health or the environment."),
+    ("Industry association",
+     "An organisation of companies in the same sector that represents their common interests, including in public "
+     "policy."),
+    ("IPCC",
+     "The Intergovernmental Panel on Climate Change, the United Nations body for assessing the science related to "
+     "climate change."),
+    ("Just transition",
+     "Greening the economy in a way that is as fair and inclusive as possible to everyone concerned, creating "
+     "decent work and leaving no one behind."),
+    ("Landfill", "A site for the disposal of waste materials by burial."),
+    ("Life cycle assessment",
+     "A method to assess the environmental impacts associated with all the stages of a product's life, from raw "
+     "material extraction to disposal."),
+    ("Materiality assessment",
+     "A process to identify the environmental, social and governance issues that matter most to a business and its "
+     "stakeholders."),
+    ("Net zero",
+     "A state in which the greenhouse gas emissions released into the atmosphere are balanced by those removed "
+     "from it."),
+    ("NGFS",
+     "The Network of Central Banks and Supervisors for Greening the Financial System, which publishes climate "
+     "scenarios for risk assessment."),
+    ("Paris Agreement",
+     "The international treaty on climate change adopted in 2015, which aims to limit global warming to well below "
+     "2 degrees Celsius."),
+    ("Physical climate risk",
+     "Risk arising from the physical effects of climate change: acute risks from extreme weather events and "
+     "chronic risks from longer-term shifts in climate patterns."),
+    ("Renewable energy",
+     "Energy from sources that are naturally replenished, such as solar, wind, hydro and geothermal power."),
+    ("Resilience",
+     "The capacity of a system, organisation or community to absorb disruption and continue to function."),
+    ("Scenario analysis",
+     "A process for identifying and assessing the potential implications of a range of plausible future states "
+     "under conditions of uncertainty."),
+    ("Science Based Targets initiative (SBTi)",
+     "A partnership that defines and promotes best practice in setting emissions reduction targets in line with "
+     "climate science."),
+    ("Scope 1 emissions", "Direct greenhouse gas emissions from sources that are owned or controlled by the company."),
+    ("Scope 2 emissions",
+     "Indirect greenhouse gas emissions from the generation of purchased electricity, steam, heat or cooling "
+     "consumed by the company."),
+    ("Scope 3 emissions",
+     "All other indirect greenhouse gas emissions that occur in the company's value chain, upstream and "
+     "downstream."),
+    ("Stakeholder",
+     "A person or organisation that can affect or be affected by the company's activities, such as employees, "
+     "customers, suppliers, investors and communities."),
+    ("TCFD",
+     "The Task Force on Climate-related Financial Disclosures, which recommends disclosures on governance, "
+     "strategy, risk management, and metrics and targets."),
+    ("Transition risk",
+     "Risk arising from the transition to a lower-carbon economy, including policy and legal, technology, market "
+     "and reputational changes."),
+    ("Upstream",
+     "Activities that occur before a product reaches the company, including the extraction and production of "
+     "purchased goods and their transport."),
+    ("Value chain",
+     "The full range of activities, upstream and downstream, involved in bringing a product or service from "
+     "conception to end use."),
+    ("Waste diversion rate",
+     "The share of waste generated that is diverted from landfill and incineration through reuse, recycling or "
+     "composting."),
+    ("Water consumption",
+     "Water withdrawn that is not returned to its source, because it is evaporated, incorporated into products or "
+     "otherwise used up."),
+    ("Water stress", "The ratio of total water withdrawals to available renewable water supply in a region."),
+    ("Water withdrawal",
+     "The total volume of water drawn from surface water, groundwater, seawater or a third party for any use."),
+)
+
 
 
 @dataclass
@@ -111,7 +227,14 @@ class Report:
             else:
                 by_page[unit.printed_page].append(unit)
         groups = [by_page[n] for n in sorted(by_page)] + [[u] for u in unplaced]
-        return [ReportPage(self.title)] + [_page_of(units) for units in groups]
+        return [ReportPage(self.title)] + [_page_of(units) for units in groups] + [self.glossary()]
+
+    def glossary(self) -> ReportPage:
+        """The printed layout's last page: GLOSSARY_TERMS_PER_REPORT of GLOSSARY's
+        terms, alphabetically, relevant to no question."""
+        seed = int(hashlib.sha256(self.name.encode("utf-8")).hexdigest()[:8], 16)
+        terms = sorted(random.Random(seed).sample(GLOSSARY, GLOSSARY_TERMS_PER_REPORT))
+        return ReportPage("Glossary\n\n" + "\n\n".join(f"{term}\n{definition}" for term, definition in terms))
 
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")

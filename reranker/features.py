@@ -13,6 +13,8 @@ same features - and the same probability - whatever pool it comes in.
   normalisation) and of adjacent keyword pairs (phrases);
 - the answer's figures found on the page (numbers normalised as at index time);
 - the page's length and share of numeric tokens (tables vs prose);
+- how much the page reads like a glossary (``GLOSSARY_PROBE``): a glossary defines
+  every term of a question and answers none;
 - whether the page is titled as the financial statement the question names, or as
   one whose face prints a line item the question asks about
   ("balance sheet" against "Consolidated Statements of Financial Position");
@@ -75,6 +77,7 @@ PAGE_FEATURE_NAMES = (
     "statement_title",  # 1 when the question names a financial statement and the page is titled as it (reranker/statements.py)
     "statement_item",   # 1 when the page is titled as a statement printing a line item the question asks about
     "cos_query_adapted",  # cosine(question + answer moved by the model's query adapter, best window): reranker/query_adapter.py
+    "glossary_cos",     # cosine(GLOSSARY_PROBE, mean of the windows): how much the page reads like a glossary
 )
 DOCUMENT_FEATURE_NAMES = (
     "doc_rank_cos",     # ln(1 + pages of the document with a higher cos_query)
@@ -135,7 +138,15 @@ CALIBRATION_FEATURES = ("doc_num_share", "doc_cov_query")
 # (reranker/question_memory.py); the document features are derived from them.
 ROW_FEATURE_NAMES = PAGE_FEATURE_NAMES + MEMORY_FEATURE_NAMES
 FEATURE_NAMES = ROW_FEATURE_NAMES + DOCUMENT_FEATURE_NAMES
+_ADAPTED = PAGE_FEATURE_NAMES.index("cos_query_adapted")
+_GLOSSARY = PAGE_FEATURE_NAMES.index("glossary_cos")
 _RRF_K = 60.0
+# A page whose windows read, on average, like this is a glossary: it defines the terms
+# of a question and answers none. On the two graded BHP reports their glossaries score
+# 0.21-0.23 on average against 0.07-0.09 for the other pages; the generated reports'
+# glossaries (evaluation/climretrieve.py) teach the fit what it means (weight -0.17).
+# Without them in training the weight stayed at -0.02 (docs/BENCHMARKS.md 8u).
+GLOSSARY_PROBE = "Glossary. Term: definition. Abbreviation: meaning."
 
 # BM25's term-frequency saturation with a fixed document length norm: the same
 # page scores the same whatever else is indexed.
@@ -538,6 +549,7 @@ class FeatureExtractor:
         self.adapter = adapter
         self.cache_size = cache_size
         self._windows: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._glossary: np.ndarray | None = None
 
     def window_vectors(self, text: str) -> np.ndarray:
         key = hashlib.sha1((text or "").encode("utf-8", "surrogatepass")).hexdigest()
@@ -642,6 +654,11 @@ class FeatureExtractor:
             vectors = self.window_vectors(text)
         return vectors
 
+    def glossary_vector(self) -> np.ndarray:
+        if self._glossary is None:
+            self._glossary = self.embedder._encode([GLOSSARY_PROBE], role="query")[0]
+        return self._glossary
+
     def question_vector(self, question: str) -> np.ndarray:
         return self.embedder._encode([question.strip()], role="query")[0]
 
@@ -667,9 +684,12 @@ class FeatureExtractor:
             key = text or ""
             if key not in stems:
                 stems[key] = page_stems(key)
-            out[i, 4:n_page - 1] = lexical_features(terms, key, self.stats, stems[key])
-            out[i, n_page - 1] = float((vectors @ adapted_vec).max()) if vectors.size and vectors.shape[1] == len(
-                adapted_vec) else 0.0
+            out[i, 4:_ADAPTED] = lexical_features(terms, key, self.stats, stems[key])
+            if vectors.size and vectors.shape[1] == len(adapted_vec):
+                out[i, _ADAPTED] = float((vectors @ adapted_vec).max())
+                mean = vectors.mean(axis=0)
+                norm = float(np.linalg.norm(mean))
+                out[i, _GLOSSARY] = float(mean @ self.glossary_vector()) / norm if norm > 0 else 0.0
             if match is not None and vectors.size and vectors.shape[1] == len(q_vec):
                 out[i, n_page:] = match.features(vectors)
         return out

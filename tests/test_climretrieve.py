@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from evidentia.evaluation.climretrieve import (SPLIT_FILE, doc_id_of, labelled_pairs, load_reports, load_split,
-                                               queries_of, report_group, write_pools, write_report_pdf)
+from evidentia.evaluation.climretrieve import (GLOSSARY, GLOSSARY_TERMS_PER_REPORT, SPLIT_FILE, Report, doc_id_of,
+                                               labelled_pairs, load_reports, load_split, queries_of, report_group,
+                                               write_pools, write_report_pdf)
 from evidentia.evaluation.queries import load_queries
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "climretrieve-train"
@@ -116,19 +117,26 @@ def test_the_printed_layout_has_a_cover_and_the_report_s_pages_in_order(tmp_path
     assert [p.text for p in acme.pages("passage")][-1] == "Scenarios are reviewed yearly."  # "nan": no page
     assert len(acme.pages("passage")) == 4
     pages = acme.pages("printed")
-    assert [p.text for p in pages] == [
+    assert [p.text for p in pages[:-1]] == [
         "Acme 2023 Sustainability Report",  # the cover: the report's title, relevant to nothing
         "Zero waste by 2030.",  # printed page 4 before printed page 12
         "Scenario analysis. We use the 1.5C scenario. It covers physical risk.\n\nWaste is sorted on site.",
         "Scenarios are reviewed yearly.",  # no printed page: at the end
     ]
+    # then the glossary, relevant to nothing: the same terms every run, a report's own sample
+    glossary = pages[-1]
+    assert glossary.text.startswith("Glossary\n\n") and glossary.marked == {}
+    terms = [t for t, _d in GLOSSARY if f"\n\n{t}\n" in glossary.text]
+    assert len(terms) == GLOSSARY_TERMS_PER_REPORT and terms == sorted(terms)
+    assert acme.pages("printed")[-1] == glossary and Report("Other 2022 Report.pdf", [], {}).glossary() != glossary
+    assert not any("adaptation" in f"{t} {d}".lower() for t, d in GLOSSARY)  # no question's evidence
     assert pages[0].marked == {} and pages[2].marked == {Q1: 3, Q2: 2}
     queries = {q["question"]: q["relevant_pages"] for q in queries_of(acme, layout="printed")}
     assert queries == {Q1: [3, 4], Q2: [2, 3]}
     write_report_pdf(acme, tmp_path / "acme.pdf", layout="printed")
     with pymupdf.open(tmp_path / "acme.pdf") as doc:
-        assert doc.page_count == 4 and doc[0].get_text().strip() == "Acme 2023 Sustainability Report"
-        assert "Waste is sorted on site." in doc[2].get_text()
+        assert doc.page_count == 5 and doc[0].get_text().strip() == "Acme 2023 Sustainability Report"
+        assert "Waste is sorted on site." in doc[2].get_text() and "Glossary" in doc[4].get_text()
     with pytest.raises(ValueError, match="unknown layout"):
         acme.pages("scanned")
 
@@ -140,7 +148,7 @@ def test_each_layout_is_a_document_of_its_own(tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in _printed_rows()))
     counts = write_pools(path, tmp_path / "o", split={"climretrieve-train": {"held_out_reports": []}},
                          layouts=("passage", "printed"))
-    assert counts == {"reports": 1, "train_queries": 4, "heldout_queries": 0, "pages": 4 + 4}
+    assert counts == {"reports": 1, "train_queries": 4, "heldout_queries": 0, "pages": 4 + 5}
     queries = load_queries(tmp_path / "o" / "train_queries.jsonl")
     printed = "CR_Acme_2023_Sustainability_Report_printed"
     by_layout = {(q.doc_ids[0], q.question): q for q in queries}
@@ -148,7 +156,7 @@ def test_each_layout_is_a_document_of_its_own(tmp_path):
     assert by_layout[(printed, Q2)].fields["layout"] == "printed"
     assert len({q.id for q in queries}) == 4
     with pymupdf.open(tmp_path / "o" / "pdfs" / "CR_Acme_2023_Sustainability_Report_printed.pdf") as doc:
-        assert doc.page_count == 4
+        assert doc.page_count == 5
     with pytest.raises(ValueError, match="unknown layout"):
         write_pools(path, tmp_path / "o2", split={"climretrieve-train": {"held_out_reports": []}}, layouts=("scan",))
 
@@ -162,7 +170,7 @@ def test_a_page_too_long_for_the_smallest_font_grows_instead_of_losing_text(tmp_
     path.write_text(json.dumps(rows[0]) + "\n")
     write_pools(path, tmp_path / "o", split={"climretrieve-train": {"held_out_reports": []}}, layouts=("printed",))
     with pymupdf.open(tmp_path / "o" / "pdfs" / "CR_Huge_printed.pdf") as doc:
-        assert doc.page_count == 2 and doc[1].rect.height > 842
+        assert doc.page_count == 3 and doc[1].rect.height > 842
         text = doc[1].get_text()
         assert "word0 " in text and "THE-END" in text
 

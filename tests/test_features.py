@@ -110,6 +110,26 @@ def test_stored_vectors_give_the_same_cosines(embedder):
     assert other_model("d", 1, CAPEX) is None  # vectors of another model are never mixed in
 
 
+GLOSSARY_PAGE = ("Glossary\nNet zero\nA state in which the greenhouse gas emissions released are balanced by those "
+                 "removed.\nPower purchase agreement (PPA)\nA contract to buy the electricity of a specific generator."
+                 "\nScope 1 greenhouse gas emissions\nDirect emissions from operations owned or controlled by the "
+                 "company.\nScope 2 greenhouse gas emissions\nIndirect emissions from purchased electricity.\nRAC\n"
+                 "Risk and Audit Committee of the Board.")
+
+
+def test_a_glossary_reads_as_one_whatever_the_question(embedder):
+    """glossary_cos: the page's likeness to a glossary, the same for any query."""
+    ext = FeatureExtractor(embedder)
+    column = FEATURE_NAMES.index("glossary_cos")
+    pages = [("d", 1, GLOSSARY_PAGE), ("d", 2, CAPEX), ("d", 3, STAFF), ("d", 4, CONTENTS)]
+    rows = ext.features(QUESTION, ANSWER, pages)
+    others = rows[1:, column]
+    assert rows[0, column] > others.max() and rows[0, column] > others.mean() + 0.1, rows[:, column]
+    other = ext.features("What were the company's scope 1 and 2 emissions?", "", pages)
+    np.testing.assert_allclose(other[:, column], rows[:, column], atol=1e-6)
+    assert ext.features(QUESTION, ANSWER, [("d", 5, "")])[0, column] == 0.0  # no text, no likeness
+
+
 DOCUMENT = [(1, CONTENTS), (2, STAFF), (3, CAPEX), (4, STAFF + " Benefits and pensions.")]
 
 
