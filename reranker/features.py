@@ -680,16 +680,14 @@ class FeatureExtractor:
             vectors = self.page_windows(doc_id, page, text, vector_source, stored_only)
             if vectors is None:
                 return None
-            out[i, :4] = cosine_features(q_vec, question_vec, answer_vec, vectors)
+            cosines = cosine_features(q_vec, question_vec, answer_vec, vectors, self.glossary_vector())
+            out[i, :4], out[i, _GLOSSARY] = cosines[:4], cosines[4]
             key = text or ""
             if key not in stems:
                 stems[key] = page_stems(key)
             out[i, 4:_ADAPTED] = lexical_features(terms, key, self.stats, stems[key])
             if vectors.size and vectors.shape[1] == len(adapted_vec):
                 out[i, _ADAPTED] = float((vectors @ adapted_vec).max())
-                mean = vectors.mean(axis=0)
-                norm = float(np.linalg.norm(mean))
-                out[i, _GLOSSARY] = float(mean @ self.glossary_vector()) / norm if norm > 0 else 0.0
             if match is not None and vectors.size and vectors.shape[1] == len(q_vec):
                 out[i, n_page:] = match.features(vectors)
         return out
@@ -705,15 +703,17 @@ class FeatureExtractor:
 
 
 def cosine_features(query_vec: np.ndarray, question_vec: np.ndarray, answer_vec: np.ndarray | None,
-                    windows: np.ndarray) -> list[float]:
+                    windows: np.ndarray, glossary_vec: np.ndarray) -> list[float]:
     """Best-window cosine of the query, of the question; the cosine of the query
     with the page's mean window; the answer's best-window cosine (0 without an
-    answer). A page without text scores 0."""
+    answer); the cosine of ``glossary_vec`` (GLOSSARY_PROBE's) with the mean window.
+    A page without text scores 0."""
     if windows.size == 0 or windows.shape[1] != len(query_vec):
-        return [0.0, 0.0, 0.0, 0.0]
+        return [0.0, 0.0, 0.0, 0.0, 0.0]
     sims = windows @ query_vec
     mean = windows.mean(axis=0)
     norm = float(np.linalg.norm(mean))
     return [float(sims.max()), float((windows @ question_vec).max()),
             float(mean @ query_vec / norm) if norm > 0 else 0.0,
-            float((windows @ answer_vec).max()) if answer_vec is not None else 0.0]
+            float((windows @ answer_vec).max()) if answer_vec is not None else 0.0,
+            float(mean @ glossary_vec) / norm if norm > 0 else 0.0]
