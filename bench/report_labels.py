@@ -6,17 +6,18 @@ so every page of them is evidence for some climate question. A real report also
 holds covers, contents, glossaries, assurance statements and pages on other
 subjects. These labels measure the rerankers on such documents.
 
-`bench/data/bhp_page_labels.jsonl` holds four batches of twelve questionnaire
+`bench/data/bhp_page_labels.jsonl` holds five batches of twelve questionnaire
 questions, each asked of each report alone (24 queries a batch):
 - batch 1, the questions of `bench/short_pages.py`: every page that the hybrid pool
   (20 pages) returned for any of them, 71 pages (45 of the 48 of the 2020 Climate
   Change Report, 26 of the 27 of the Climate Transition Action Plan), each against
   all twelve questions: 852 grades;
-- batches 2, 3 and 4: twelve other questions each, graded on every page of both
+- batches 2 to 5: twelve other questions each, graded on every page of both
   reports (900 grades a batch).
 The relevance model's signed weights were chosen on batch 1 and its glossary feature
 on batches 1 and 2; batches 3 and 4 were written after that choice, 4 after the model
-shipped: the confirmation (docs/BENCHMARKS.md 8u).
+shipped: the confirmation (docs/BENCHMARKS.md 8u). Batch 5 was written and graded a
+round later, the shipped model unchanged (section 8v).
 
 Who graded: four LLM agents, each given a quarter of the pages, the twelve
 questions and this rubric, and nothing of any ranking or probability:
@@ -31,7 +32,7 @@ documents beside ClimRetrieve's expert labels, and the ungraded pages (4) as not
 relevant.
 
     EVIDENTIA_DATA_DIR=/tmp/bhp evidentia index ../shared/data/csr-samples
-    python bench/report_labels.py --min-grade 2 --batch 3 --batch 4 > bhp-direct.jsonl
+    python bench/report_labels.py --min-grade 2 --batch 3 --batch 4 --batch 5 > bhp-direct.jsonl
     EVIDENTIA_DATA_DIR=/tmp/bhp evidentia eval --queries bhp-direct.jsonl \
         --compare hybrid,hybrid+cosine,hybrid+classifier,hybrid+classifier@0.08 --run-out run.jsonl
     python bench/paired_bootstrap.py --run run.jsonl --queries bhp-direct.jsonl --pair hybrid:hybrid+classifier
@@ -45,9 +46,10 @@ import sys
 from pathlib import Path
 
 LABELS = Path(__file__).with_name("data") / "bhp_page_labels.jsonl"
+BATCHES = (1, 2, 3, 4, 5)
 
 
-def queries(labels: Path, min_grade: int, batches: tuple[int, ...] = (1, 2, 3, 4)) -> list[dict]:
+def queries(labels: Path, min_grade: int, batches: tuple[int, ...] = BATCHES) -> list[dict]:
     """One query per (document, question) of the given batches, in file order;
     relevant: the pages graded at least ``min_grade``. A question without such a page
     in a document is kept (a query without evidence: what the threshold returns for it
@@ -72,10 +74,11 @@ def main() -> int:
     ap.add_argument("--labels", type=Path, default=LABELS)
     ap.add_argument("--min-grade", type=int, choices=(1, 2), default=2,
                     help="2: pages that answer the question; 1: also pages that partly answer it")
-    ap.add_argument("--batch", type=int, choices=(1, 2, 3, 4), action="append",
-                    help="1, 2: the questions the model was chosen on; 3, 4: the confirmation (default: all)")
+    ap.add_argument("--batch", type=int, choices=BATCHES, action="append",
+                    help="1, 2: the questions the model was chosen on; 3, 4: the confirmation of that choice; "
+                         "5: written after the model shipped (default: all)")
     args = ap.parse_args()
-    for query in queries(args.labels, args.min_grade, tuple(args.batch or (1, 2, 3, 4))):
+    for query in queries(args.labels, args.min_grade, tuple(args.batch or BATCHES)):
         print(json.dumps(query))
     return 0
 

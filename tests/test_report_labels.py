@@ -1,0 +1,44 @@
+"""The real-report page labels (bench/data/bhp_page_labels.jsonl) and the queries
+bench/report_labels.py makes of them."""
+
+import importlib.util
+import json
+from collections import Counter
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def _report_labels():
+    spec = importlib.util.spec_from_file_location("report_labels", BENCH / "report_labels.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_batch_grades_each_question_on_the_same_pages():
+    module = _report_labels()
+    rows = [json.loads(line) for line in module.LABELS.read_text(encoding="utf-8").splitlines() if line.strip()]
+    assert {row["batch"] for row in rows} == set(module.BATCHES)
+    assert {row["grade"] for row in rows} <= {0, 1, 2}
+    assert len({(r["batch"], r["doc_id"], r["page"], r["question"]) for r in rows}) == len(rows)  # no pair twice
+    for batch in module.BATCHES:
+        batch_rows = [r for r in rows if r["batch"] == batch]
+        questions = {r["question"] for r in batch_rows}
+        assert len(questions) == 12
+        pages_per_question = Counter(r["question"] for r in batch_rows)
+        assert len(set(pages_per_question.values())) == 1, f"batch {batch}: questions graded on different pages"
+    # a question belongs to one batch: a later batch never repeats an earlier one's
+    assert len({r["question"] for r in rows}) == 12 * len(module.BATCHES)
+
+
+def test_queries_take_the_pages_at_the_grade_asked():
+    module = _report_labels()
+    strict = module.queries(module.LABELS, 2, (5,))
+    loose = module.queries(module.LABELS, 1, (5,))
+    assert len(strict) == len(loose) == 24  # twelve questions, each report searched alone
+    assert len({q["id"] for q in strict}) == 24
+    for s, l in zip(strict, loose):
+        assert (s["doc_id"], s["question"]) == (l["doc_id"], l["question"])
+        assert set(s["relevant_pages"]) <= set(l["relevant_pages"])
+    assert sum(len(q["relevant_pages"]) for q in loose) > sum(len(q["relevant_pages"]) for q in strict) > 0
