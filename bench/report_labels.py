@@ -1,5 +1,6 @@
-"""Queries with page labels for the two real BHP reports in ../shared/data/csr-samples,
-for `evidentia eval` and `bench/paired_bootstrap.py`.
+"""Queries with page labels written here: the two real BHP reports in
+../shared/data/csr-samples, and new questions on the held-out SEC filings; for
+`evidentia eval` and `bench/paired_bootstrap.py`.
 
 ClimRetrieve's labelled reports are generated from their expert-marked passages only,
 so every page of them is evidence for some climate question. A real report also
@@ -36,6 +37,26 @@ relevant.
     EVIDENTIA_DATA_DIR=/tmp/bhp evidentia eval --queries bhp-direct.jsonl \
         --compare hybrid,hybrid+cosine,hybrid+classifier,hybrid+classifier@0.08 --run-out run.jsonl
     python bench/paired_bootstrap.py --run run.jsonl --queries bhp-direct.jsonl --pair hybrid:hybrid+classifier
+
+`bench/data/financebench_heldout_labels.jsonl` (`--filings`) holds 96 questions on the
+17 filings of the six companies the shipped model never saw
+(training/splits/heldout.json), to measure it on more than financebench's 27
+held-out queries (docs/BENCHMARKS.md section 8w). Written after the model shipped by
+LLM agents, each given four or five filings' text and financebench's three question
+kinds (a figure from a statement, an analyst's question asked of every company, a
+question particular to the filing), with an answer and the pages it came from; batch
+1 with long answers (the figures and the reason), batch 2 with financebench's short
+ones (the working kept apart in `working`, never searched). Other agents graded, with
+the rubric above for a filing (2: the page states the answer or all the figures it is
+computed from; 1: part of it; 0: not), every page that any of bm25, hybrid,
+hybrid+classifier (their top 5), dense and hybrid+cosine (top 3) returned for a
+question, with the writer's pages (`cited_by_writer`), in page order: 830 grades.
+Pages outside that pool count as not relevant, so P@1 and P@3 of those
+configurations are exact and recall is measured against the pooled pages.
+
+    EVIDENTIA_DATA_DIR=/tmp/evd evidentia index ../shared/data/financebench-dev/pdfs
+    python bench/report_labels.py --filings > fb-new.jsonl
+    EVIDENTIA_DATA_DIR=/tmp/evd evidentia eval --queries fb-new.jsonl --compare hybrid,hybrid+classifier ...
 """
 
 from __future__ import annotations
@@ -47,21 +68,26 @@ from pathlib import Path
 
 LABELS = Path(__file__).with_name("data") / "bhp_page_labels.jsonl"
 BATCHES = (1, 2, 3, 4, 5)
+FILING_LABELS = Path(__file__).with_name("data") / "financebench_heldout_labels.jsonl"
 
 
-def queries(labels: Path, min_grade: int, batches: tuple[int, ...] = BATCHES) -> list[dict]:
+def queries(labels: Path, min_grade: int, batches: tuple[int, ...] | None = None) -> list[dict]:
     """One query per (document, question) of the given batches, in file order;
     relevant: the pages graded at least ``min_grade``. A question without such a page
     in a document is kept (a query without evidence: what the threshold returns for it
     is measured too)."""
     rows = [json.loads(line) for line in labels.read_text(encoding="utf-8").splitlines() if line.strip()]
-    rows = [row for row in rows if row["batch"] in batches]
+    if batches is not None:
+        rows = [row for row in rows if row["batch"] in batches]
     out: dict[tuple[str, str], dict] = {}
     for row in rows:
         key = (row["doc_id"], row["question"])
         if key not in out:
             out[key] = {"id": f"{row['doc_id']}-b{row['batch']}-q{len(out):02d}", "doc_id": row["doc_id"],
-                        "question": row["question"], "answer": "", "relevant_pages": [], "company": row["doc_id"]}
+                        "question": row["question"], "answer": row.get("answer", ""), "relevant_pages": [],
+                        "company": row.get("company", row["doc_id"])}
+            if "question_type" in row:
+                out[key]["question_type"] = row["question_type"]
         if row["grade"] >= min_grade:
             out[key]["relevant_pages"].append(row["page"])
     for query in out.values():
@@ -72,13 +98,19 @@ def queries(labels: Path, min_grade: int, batches: tuple[int, ...] = BATCHES) ->
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--labels", type=Path, default=LABELS)
+    ap.add_argument("--filings", action="store_true",
+                    help=f"the held-out filings' labels ({FILING_LABELS.name}) instead of the BHP reports'")
     ap.add_argument("--min-grade", type=int, choices=(1, 2), default=2,
                     help="2: pages that answer the question; 1: also pages that partly answer it")
-    ap.add_argument("--batch", type=int, choices=BATCHES, action="append",
-                    help="1, 2: the questions the model was chosen on; 3, 4: the confirmation of that choice; "
-                         "5: written after the model shipped (default: all)")
+    ap.add_argument("--batch", type=int, action="append",
+                    help="BHP: 1, 2: the questions the model was chosen on; 3, 4: the confirmation of that choice; "
+                         "5: written after the model shipped. Filings: 1, long answers; 2, short ones (default: all)")
     args = ap.parse_args()
-    for query in queries(args.labels, args.min_grade, tuple(args.batch or BATCHES)):
+    labels = FILING_LABELS if args.filings else args.labels
+    found = queries(labels, args.min_grade, tuple(args.batch) if args.batch else None)
+    if args.batch and not found:
+        ap.error(f"no batch {', '.join(map(str, args.batch))} in {labels.name}")
+    for query in found:
         print(json.dumps(query))
     return 0
 

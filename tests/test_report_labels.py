@@ -42,3 +42,35 @@ def test_queries_take_the_pages_at_the_grade_asked():
         assert (s["doc_id"], s["question"]) == (l["doc_id"], l["question"])
         assert set(s["relevant_pages"]) <= set(l["relevant_pages"])
     assert sum(len(q["relevant_pages"]) for q in loose) > sum(len(q["relevant_pages"]) for q in strict) > 0
+
+
+def test_filing_labels_ask_only_of_held_out_filings():
+    module = _report_labels()
+    rows = [json.loads(line) for line in module.FILING_LABELS.read_text(encoding="utf-8").splitlines() if line.strip()]
+    split = json.loads((BENCH.parent / "training" / "splits" / "heldout.json").read_text(encoding="utf-8"))
+    held_out = set(split["financebench-dev"]["held_out"])
+    assert {row["company"] for row in rows} <= held_out  # no question on a filing the model trained on
+    assert {row["grade"] for row in rows} <= {0, 1, 2}
+    assert len({(r["doc_id"], r["question"], r["page"]) for r in rows}) == len(rows)
+    by_question: dict[tuple, list[dict]] = {}
+    for row in rows:
+        by_question.setdefault((row["doc_id"], row["question"]), []).append(row)
+    for (doc_id, question), graded in by_question.items():
+        assert {r["answer"] for r in graded} != {""}, question
+        assert len({r["question_type"] for r in graded}) == 1
+        assert any(r["cited_by_writer"] for r in graded), f"{doc_id}: the writer's page was not graded"
+        assert [r["page"] for r in graded] == sorted(r["page"] for r in graded)
+    for batch in {row["batch"] for row in rows}:
+        kinds = Counter(r["question_type"] for (d, q), g in by_question.items() for r in g[:1] if r["batch"] == batch)
+        assert set(kinds) == {"metrics-generated", "domain-relevant", "novel-generated"}
+
+
+def test_filing_queries_carry_answer_and_kind():
+    module = _report_labels()
+    strict = module.queries(module.FILING_LABELS, 2)
+    loose = module.queries(module.FILING_LABELS, 1)
+    assert len(strict) == len(loose) >= 48
+    for s, l in zip(strict, loose):
+        assert s["answer"] and s["question_type"] and s["company"] != s["doc_id"]
+        assert set(s["relevant_pages"]) <= set(l["relevant_pages"])
+    assert all(q["relevant_pages"] for q in strict)  # every question has a page that answers it
