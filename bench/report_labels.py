@@ -35,7 +35,7 @@ relevant.
     EVIDENTIA_DATA_DIR=/tmp/bhp evidentia index ../shared/data/csr-samples
     python bench/report_labels.py --min-grade 2 --batch 3 --batch 4 --batch 5 > bhp-direct.jsonl
     EVIDENTIA_DATA_DIR=/tmp/bhp evidentia eval --queries bhp-direct.jsonl \
-        --compare hybrid,hybrid+cosine,hybrid+classifier,hybrid+classifier@0.08 --run-out run.jsonl
+        --compare hybrid,hybrid+cosine,hybrid+classifier,hybrid+classifier@0.07 --run-out run.jsonl
     python bench/paired_bootstrap.py --run run.jsonl --queries bhp-direct.jsonl --pair hybrid:hybrid+classifier
 
 `bench/data/financebench_heldout_labels.jsonl` (`--filings`) holds 96 questions on the

@@ -212,14 +212,14 @@ class Settings:
     # -- classifier reranker
     classifier_model: str | None = setting(None, "model directory written by `evidentia train` (default: the "
                                            "registry's production model, else the shipped CPU model)")
-    # 0.08: chosen on out-of-fold financebench training pools when the shipped model
+    # 0.07: chosen on out-of-fold financebench training pools when the shipped model
     # was trained (kept 90 % of R@3 in 80 % of resamples of the queries, each query's
     # R@3 averaged over ten draws of the folds), then checked on the held-out pools of
-    # both domains: all of a filing's unthresholded R@3 and of a report's kept, 18 % of
-    # a filing's pool and 61-71 % of a report's returned (more than half:
-    # docs/BENCHMARKS.md, section 8u); a retrained model records its own
-    classifier_threshold: float = setting(0.08, "pages whose relevance probability is below it are dropped "
-                                          "(0.08: chosen on out-of-fold training pools for the shipped model)",
+    # both domains: 95-100 % of a filing's unthresholded R@3 and all of a report's kept,
+    # 20 % of a filing's pool and 64-73 % of a report's returned (more than half:
+    # docs/BENCHMARKS.md, section 8w); a retrained model records its own
+    classifier_threshold: float = setting(0.07, "pages whose relevance probability is below it are dropped "
+                                          "(0.07: chosen on out-of-fold training pools for the shipped model)",
                                           parse=probability)
     classifier_batch_size: int = setting(16, "windows per classifier batch", parse=positive_int)
     classifier_max_length: int | None = setting(None, "tokens per classifier window (default: as trained)",

@@ -39,7 +39,8 @@ _TITLES = {
     "comprehensive": (r"statements?ofcomprehensive(?:income|loss)"
                       r"|statements?of(?:consolidated)?(?:income|operations|earnings)andcomprehensive(?:income|loss)(?:loss)?"),
     "cash": r"cashflows?statements?|statements?ofcashflows?",
-    "equity": r"statements?of(?:stockholders|shareholders|changesin)(?:equity|deficit)",
+    # "Statements of Equity", "… of Shareholders' Equity", "… of Changes in Shareholders' Equity"
+    "equity": r"statements?of(?:changesin)?(?:stockholders|shareholders)?(?:equity|deficit)",
 }
 # line items (and ratios built from them) -> the statements whose face prints them,
 # on lower-cased question text; from the standard US GAAP / IFRS layouts, written
@@ -71,12 +72,19 @@ _LINE_ITEM = [(re.compile(pattern), families) for pattern, families in _LINE_ITE
 # region, product category) is in the segment note and the MD&A instead.
 _BREAKDOWN = re.compile(r"\bsegments?\b|categor(?:y|ies)|\bregions?\b|regional|geograph|product\s+lines?"
                         r"|business\s+units?|\bdivisions?\b")
-_TITLE_LINE = {family: re.compile(r"(?:consolidated|combined)?(?:" + title + r")(?:continued)?")
+# a quarterly report titles its statements "Condensed Consolidated …"
+_TITLE_LINE = {family: re.compile(r"(?:condensed)?(?:consolidated|combined)?(?:" + title + r")(?:continued)?")
                for family, title in _TITLES.items()}
 _QUESTION_NAME = {family: re.compile(pattern) for family, pattern in _QUESTION_NAMES.items()}
 _WORDY_LINE = re.compile(r"[^\W\d_]{3}")
 _HEADING_LINES = 8  # a title sits above the table, after a running header or two
 _INDEX_FAMILIES = 3  # a page titled as three statements at once is an index of them
+# A statement's face opens with its title: a line this long is running text, and a
+# "Balance Sheet" after it heads a note's table (a guarantor's summary), not the statement.
+_PROSE_WORDS = 15
+# A line ending so is cut mid-phrase: the next line is read with it ("Presented in the
+# Consolidated" + "Balance Sheet" is a column header; "Consolidated" + "Balance Sheets" a title).
+_CUT_LINE = re.compile(r"(?:\b(?:the|in|of|and|on|to|from|within)|consolidated|condensed|combined)\s*$", re.IGNORECASE)
 
 
 def named_statements(question: str) -> frozenset[str]:
@@ -94,17 +102,27 @@ def item_statements(question: str) -> frozenset[str]:
     return frozenset(family for pattern, families in _LINE_ITEM if pattern.search(text) for family in families)
 
 
+def _title_families(line: str) -> set[str]:
+    squeezed = re.sub(r"[^a-z&]", "", line.lower())
+    return {family for family, title in _TITLE_LINE.items() if title.fullmatch(squeezed)}
+
+
 def titled_statements(page_text: str) -> frozenset[str]:
     """The statement families whose title is a whole line among the page's first
-    lines with words (lines of table rules or figures are skipped). A line with a
-    figure is an index entry ("Consolidated Balance Sheets 54"), not a title."""
-    found = set()
-    lines = [line for line in (page_text or "").split("\n") if _WORDY_LINE.search(line)][:_HEADING_LINES]
-    for line in lines:
-        if any(c.isdigit() for c in line):
-            continue
-        squeezed = re.sub(r"[^a-z&]", "", line.lower())
-        for family, title in _TITLE_LINE.items():
-            if title.fullmatch(squeezed):
-                found.add(family)
-    return frozenset(found) if len(found) < _INDEX_FAMILIES else frozenset()
+    lines with words (lines of table rules or figures are skipped), before any
+    running text. A line with a figure is an index entry ("Consolidated Balance
+    Sheets 54"), not a title; so is a page with three statements' titles anywhere
+    (a contents page whose page numbers sit on lines of their own)."""
+    found: set[str] = set()
+    wordy = [line for line in (page_text or "").split("\n") if _WORDY_LINE.search(line)]
+    previous = ""
+    for line in wordy[:_HEADING_LINES]:
+        if len(line.split()) >= _PROSE_WORDS:
+            break
+        if not any(c.isdigit() for c in line):
+            found |= _title_families(previous + " " + line if _CUT_LINE.search(previous) else line)
+        previous = line
+    if not found:
+        return frozenset()
+    everywhere = set().union(*(_title_families(line) for line in wordy if not any(c.isdigit() for c in line)))
+    return frozenset(found) if len(found | everywhere) < _INDEX_FAMILIES else frozenset()

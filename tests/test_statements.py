@@ -74,6 +74,37 @@ def test_an_index_of_statements_on_separate_lines_is_not_a_title():
     assert titled_statements(index) == frozenset()
 
 
+def test_a_quarterly_reports_condensed_statements_and_a_statement_of_equity_are_titles():
+    assert titled_statements("Amcor plc and Subsidiaries\nCondensed Consolidated Balance Sheets\n(Unaudited)") == {"balance"}
+    assert titled_statements("PFIZER INC.\nCONDENSED CONSOLIDATED STATEMENTS OF CASH FLOWS\n(UNAUDITED)") == {"cash"}
+    assert titled_statements("Amcor plc and Subsidiaries\nConsolidated Statements of Equity\n($ in millions)") == {"equity"}
+    assert titled_statements("Best Buy\nCondensed Consolidated Statements of Changes in Shareholders' Equity") == {"equity"}
+    # the guarantors' supplementary statements are not the company's
+    assert titled_statements("MGM\nCONDENSED CONSOLIDATING BALANCE SHEET INFORMATION\nDecember 31") == frozenset()
+
+
+def test_a_title_broken_over_two_lines_is_read_whole():
+    assert titled_statements("3M Company\nConsolidated\nBalance Sheets\n(Dollars in millions)") == {"balance"}
+    # a column header that ends in a statement's name is not its title
+    header = ("Table of Contents\nOffsetting of Financial Assets under Master Netting Agreements\n"
+              "Gross Amount of Derivative Assets\nPresented in the Consolidated\nBalance Sheet\nForeign exchange")
+    assert titled_statements(header) == frozenset()
+
+
+def test_a_statement_heading_a_table_after_running_text_is_not_the_statement():
+    guarantors = ("The summarized financial information of us and our guarantor subsidiaries, on a combined basis, "
+                  "is presented below.\nDecember 31,\nBalance Sheet\n(In thousands)\nCurrent assets")
+    assert titled_statements(guarantors) == frozenset()
+
+
+def test_a_contents_page_with_page_numbers_on_their_own_lines_is_not_a_title():
+    contents = ("PART IV\nITEM 15. EXHIBITS, FINANCIAL STATEMENT SCHEDULES\n(a)(1). Financial Statements.\n"
+                "Reports of Independent Registered Public Accounting Firm\nYears Ended December 31, 2022\n"
+                "Consolidated Statements of Operations\nConsolidated Statements of Comprehensive Income\n"
+                "Consolidated Statements of Cash Flows\nConsolidated Statements of Stockholders' Equity\n55\n56\n57")
+    assert titled_statements(contents) == frozenset()
+
+
 def test_a_combined_statement_is_both():
     page = "AMD\nConsolidated Statements of Operations and Comprehensive Loss\n(In millions)"
     assert titled_statements(page) == {"income", "comprehensive"}
