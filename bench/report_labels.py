@@ -8,7 +8,8 @@ holds covers, contents, glossaries, assurance statements and pages on other
 subjects. These labels measure the rerankers on such documents.
 
 `bench/data/bhp_page_labels.jsonl` holds five batches of twelve questionnaire
-questions, each asked of each report alone (24 queries a batch):
+questions without an answer, each asked of each report alone (24 queries a batch),
+and a sixth of questions with the supplier's answer:
 - batch 1, the questions of `bench/short_pages.py`: every page that the hybrid pool
   (20 pages) returned for any of them, 71 pages (45 of the 48 of the 2020 Climate
   Change Report, 26 of the 27 of the Climate Transition Action Plan), each against
@@ -19,6 +20,14 @@ The relevance model's signed weights were chosen on batch 1 and its glossary fea
 on batches 1 and 2; batches 3 and 4 were written after that choice, 4 after the model
 shipped: the confirmation (docs/BENCHMARKS.md 8u). Batch 5 was written and graded a
 round later, the shipped model unchanged (section 8v).
+- batch 6: forty (questionnaire question, answer) pairs, twenty per report, each
+  asked of its own report: the way the product is used (an analyst checks a supplier's
+  answer), where batches 1-5 give the question alone. Four agents wrote them from the
+  report's text (the answer in BHP's words, with the report's figures, targets and
+  programmes, and the pages it came from, `cited_by_writer`), six others graded every
+  page of the report against each pair, blind to the writers' pages and to any
+  ranking: 1,500 grades (docs/BENCHMARKS.md section 8x). ``--question-only`` drops
+  the answers, to measure the same labels as batches 1-5 are measured.
 
 Who graded: four LLM agents, each given a quarter of the pages, the twelve
 questions and this rubric, and nothing of any ranking or probability:
@@ -67,15 +76,17 @@ import sys
 from pathlib import Path
 
 LABELS = Path(__file__).with_name("data") / "bhp_page_labels.jsonl"
-BATCHES = (1, 2, 3, 4, 5)
+BATCHES = (1, 2, 3, 4, 5, 6)
+ANSWERED_BATCHES = (6,)  # questions with the supplier's answer, each asked of one report
 FILING_LABELS = Path(__file__).with_name("data") / "financebench_heldout_labels.jsonl"
 
 
-def queries(labels: Path, min_grade: int, batches: tuple[int, ...] | None = None) -> list[dict]:
+def queries(labels: Path, min_grade: int, batches: tuple[int, ...] | None = None,
+            question_only: bool = False) -> list[dict]:
     """One query per (document, question) of the given batches, in file order;
     relevant: the pages graded at least ``min_grade``. A question without such a page
     in a document is kept (a query without evidence: what the threshold returns for it
-    is measured too)."""
+    is measured too). ``question_only``: the answers left out."""
     rows = [json.loads(line) for line in labels.read_text(encoding="utf-8").splitlines() if line.strip()]
     if batches is not None:
         rows = [row for row in rows if row["batch"] in batches]
@@ -84,7 +95,8 @@ def queries(labels: Path, min_grade: int, batches: tuple[int, ...] | None = None
         key = (row["doc_id"], row["question"])
         if key not in out:
             out[key] = {"id": f"{row['doc_id']}-b{row['batch']}-q{len(out):02d}", "doc_id": row["doc_id"],
-                        "question": row["question"], "answer": row.get("answer", ""), "relevant_pages": [],
+                        "question": row["question"], "answer": "" if question_only else row.get("answer", ""),
+                        "relevant_pages": [],
                         "company": row.get("company", row["doc_id"])}
             if "question_type" in row:
                 out[key]["question_type"] = row["question_type"]
@@ -104,10 +116,12 @@ def main() -> int:
                     help="2: pages that answer the question; 1: also pages that partly answer it")
     ap.add_argument("--batch", type=int, action="append",
                     help="BHP: 1, 2: the questions the model was chosen on; 3, 4: the confirmation of that choice; "
-                         "5: written after the model shipped. Filings: 1, long answers; 2, short ones (default: all)")
+                         "5: written after the model shipped; 6: questions with the supplier's answer. "
+                         "Filings: 1, long answers; 2, short ones (default: all)")
+    ap.add_argument("--question-only", action="store_true", help="leave the answers out of the queries")
     args = ap.parse_args()
     labels = FILING_LABELS if args.filings else args.labels
-    found = queries(labels, args.min_grade, tuple(args.batch) if args.batch else None)
+    found = queries(labels, args.min_grade, tuple(args.batch) if args.batch else None, args.question_only)
     if args.batch and not found:
         ap.error(f"no batch {', '.join(map(str, args.batch))} in {labels.name}")
     for query in found:

@@ -78,6 +78,8 @@ PAGE_FEATURE_NAMES = (
     "statement_item",   # 1 when the page is titled as a statement printing a line item the question asks about
     "cos_query_adapted",  # cosine(question + answer moved by the model's query adapter, best window): reranker/query_adapter.py
     "glossary_cos",     # cosine(GLOSSARY_PROBE, mean of the windows): how much the page reads like a glossary
+    "window_cov_question",  # share of the question keywords' weight found in the page's best PASSAGE_TOKENS window
+    "window_cov_answer",    # the same for the answer's word keywords (0 without them)
 )
 DOCUMENT_FEATURE_NAMES = (
     "doc_rank_cos",     # ln(1 + pages of the document with a higher cos_query)
@@ -115,7 +117,7 @@ _RANK_SIGNS = {"doc_rank_cos": -1, "doc_rank_bm25": -1, "doc_rank_cos_question":
                "doc_rrf": +1, "doc_rank_cos_adapted": -1}
 _EVIDENCE_FEATURES = ("cos_query", "cos_question", "cos_query_mean", "cos_answer", "cos_query_adapted", "cov_question",
                       "cov_answer", "tf_question", "idf_cov_question", "idf_cov_answer", "bm25_fixed", "bm25_domain",
-                      "phrase_question", "num_answer", "statement_title", "statement_item", "memory_relevant",
+                      "phrase_question", "window_cov_question", "window_cov_answer", "num_answer", "statement_title", "statement_item", "memory_relevant",
                       "memory_margin", "doc_gap_cos", "doc_rel_bm25", "doc_z_cos", "doc_local_bm25")
 FEATURE_SIGNS = {**_RANK_SIGNS, **{name: +1 for name in _EVIDENCE_FEATURES}}
 # Features constant over a document, left out of the relevance fit and fitted after it
@@ -140,6 +142,7 @@ ROW_FEATURE_NAMES = PAGE_FEATURE_NAMES + MEMORY_FEATURE_NAMES
 FEATURE_NAMES = ROW_FEATURE_NAMES + DOCUMENT_FEATURE_NAMES
 _ADAPTED = PAGE_FEATURE_NAMES.index("cos_query_adapted")
 _GLOSSARY = PAGE_FEATURE_NAMES.index("glossary_cos")
+_WINDOW = PAGE_FEATURE_NAMES.index("window_cov_question")
 _RRF_K = 60.0
 # A page whose windows read, on average, like this is a glossary: it defines the terms
 # of a question and answers none. On the two graded BHP reports their glossaries score
@@ -372,6 +375,45 @@ def lexical_features(terms: QueryTerms, page_text: str, stats: TermStatistics | 
         1.0 if terms.statements & titled else 0.0,
         1.0 if terms.item_statements & titled else 0.0,
     ]
+
+
+# A passage: about a paragraph. A real report's page holds 900 words (BHP's, median),
+# several subjects; the index embeds its first 2 x 256 tokens only, and the page-wide
+# counts above cannot tell the question's words standing together in one paragraph from
+# the same words spread over the page's other subjects (docs/BENCHMARKS.md section 8x).
+PASSAGE_TOKENS = 64
+
+
+def passage_coverage(terms: QueryTerms, stems: list[str], window: int = PASSAGE_TOKENS) -> list[float]:
+    """window_cov_question, window_cov_answer of FEATURE_NAMES: the largest share of the
+    question's (answer words') keyword weight that one run of ``window`` consecutive page
+    tokens (``page_stems``) holds."""
+    w = terms.weights or {}
+    return [_best_window_share(terms.question, w, stems, window),
+            _best_window_share(terms.answer_words, w, stems, window)]
+
+
+def _best_window_share(wanted: Sequence[str], weights: dict, stems: list[str], window: int) -> float:
+    total = sum(weights.get(t, 1.0) for t in wanted)
+    if not total:
+        return 0.0
+    wanted_set = set(wanted)
+    hits = [(i, t) for i, t in enumerate(stems) if t in wanted_set]
+    inside: Counter = Counter()
+    weight = best = 0.0
+    start = 0
+    for i, t in hits:  # two pointers over the matching positions: O(matches)
+        inside[t] += 1
+        if inside[t] == 1:
+            weight += weights.get(t, 1.0)
+        while hits[start][0] <= i - window:
+            old = hits[start][1]
+            inside[old] -= 1
+            if inside[old] == 0:
+                weight -= weights.get(old, 1.0)
+            start += 1
+        best = max(best, weight)
+    return best / total
 
 
 # A source of a page's window vectors: (doc_id, page, text) -> (windows, dim) array or None.
@@ -686,6 +728,7 @@ class FeatureExtractor:
             if key not in stems:
                 stems[key] = page_stems(key)
             out[i, 4:_ADAPTED] = lexical_features(terms, key, self.stats, stems[key])
+            out[i, _WINDOW:_WINDOW + 2] = passage_coverage(terms, stems[key])
             if vectors.size and vectors.shape[1] == len(adapted_vec):
                 out[i, _ADAPTED] = float((vectors @ adapted_vec).max())
             if match is not None and vectors.size and vectors.shape[1] == len(q_vec):

@@ -14,7 +14,7 @@ from evidentia.retriever.query import build_query
 from evidentia.reranker.features import (CALIBRATION_FEATURES, DOCUMENT_FEATURE_NAMES, FEATURE_NAMES, FEATURE_SIGNS, PAGE_FEATURE_NAMES, ROW_FEATURE_NAMES,
                                          FeatureExtractor,
                                          COVERAGE_ENOUGH, TermStatistics, coverage_shortfall, document_coverage,
-                                         document_features, lexical_features, local_bm25, name_missing, page_stems,
+                                         document_features, lexical_features, local_bm25, name_missing, page_stems, passage_coverage,
                                          query_terms, question_name, stored_document_source, stored_vector_source, term_weight)
 from evidentia.reranker.relevance_model import FeatureModel, FeatureModelError, choose_threshold, fit, out_of_fold
 from evidentia.training.dataset import TrainingRecord
@@ -68,6 +68,36 @@ def test_answer_figures_are_found_in_any_notation():
     assert on_page["num_answer"] == 1.0 and off_page["num_answer"] == 0.0
     assert on_page["has_num_answer"] == off_page["has_num_answer"] == 1.0
     assert on_page["cov_question"] > off_page["cov_question"]
+
+
+def test_passage_coverage_finds_the_question_words_standing_together():
+    """A long page on several subjects: the question's words in one paragraph score
+    higher than the same words spread over the page; both pages cover them all."""
+    terms = query_terms("What is the company's scope 3 emissions target?", "Carbon neutrality for our value chain")
+    filler = " ".join(["The company operates mines and ports across several regions."] * 12)
+    together = f"{filler} Our scope 3 emissions target: carbon neutrality for our value chain. {filler}"
+    spread = (f"Scope 3 and carbon. {filler} Emissions and value. {filler} Target setting and neutrality. {filler} "
+              "Supply chain.")
+    near, far = passage_coverage(terms, page_stems(together)), passage_coverage(terms, page_stems(spread))
+    whole = dict(zip(FEATURE_NAMES[4:], lexical_features(terms, spread)))
+    assert whole["idf_cov_question"] == dict(zip(FEATURE_NAMES[4:], lexical_features(terms, together)))["idf_cov_question"]
+    assert near[0] == 1.0 and far[0] < 0.7  # the question's weight: all of it in one window, or spread
+    assert near[1] > far[1] >= 0.0
+
+
+def test_passage_coverage_without_the_words_or_an_answer_is_zero():
+    terms = query_terms("What is the company's scope 3 emissions target?", "")
+    assert passage_coverage(terms, page_stems("Employees. Training and development.")) == [0.0, 0.0]
+    assert passage_coverage(terms, []) == [0.0, 0.0]
+    on_page = passage_coverage(terms, page_stems("The company: our scope 3 emissions target."))
+    assert on_page[0] == 1.0 and on_page[1] == 0.0  # no answer words: nothing to find
+
+
+def test_passage_coverage_reads_one_window_of_the_given_width():
+    terms = query_terms("scope emissions target", "")
+    stems = page_stems("scope " + "x " * 10 + "emissions " + "x " * 10 + "target")
+    assert passage_coverage(terms, stems, window=23)[0] == 1.0  # first to last word: 23 tokens
+    assert passage_coverage(terms, stems, window=22)[0] < 1.0
 
 
 def test_rare_words_weigh_more_than_common_ones():

@@ -22,14 +22,41 @@ def test_every_batch_grades_each_question_on_the_same_pages():
     assert {row["batch"] for row in rows} == set(module.BATCHES)
     assert {row["grade"] for row in rows} <= {0, 1, 2}
     assert len({(r["batch"], r["doc_id"], r["page"], r["question"]) for r in rows}) == len(rows)  # no pair twice
-    for batch in module.BATCHES:
+    unanswered = [b for b in module.BATCHES if b not in module.ANSWERED_BATCHES]
+    for batch in unanswered:
         batch_rows = [r for r in rows if r["batch"] == batch]
         questions = {r["question"] for r in batch_rows}
         assert len(questions) == 12
         pages_per_question = Counter(r["question"] for r in batch_rows)
         assert len(set(pages_per_question.values())) == 1, f"batch {batch}: questions graded on different pages"
+        assert {r.get("answer", "") for r in batch_rows} == {""}
     # a question belongs to one batch: a later batch never repeats an earlier one's
-    assert len({r["question"] for r in rows}) == 12 * len(module.BATCHES)
+    answered = {r["question"] for r in rows if r["batch"] in module.ANSWERED_BATCHES}
+    assert len({r["question"] for r in rows if r["batch"] in unanswered}) == 12 * len(unanswered)
+    assert not answered & {r["question"] for r in rows if r["batch"] in unanswered}
+
+
+def test_answered_batch_grades_every_page_of_its_report_against_each_answer():
+    module = _report_labels()
+    rows = [json.loads(line) for line in module.LABELS.read_text(encoding="utf-8").splitlines() if line.strip()]
+    pages_of = {}
+    for r in rows:
+        if r["batch"] in (2, 3, 4, 5):  # graded on every page of both reports
+            pages_of.setdefault(r["doc_id"], set()).add(r["page"])
+    by_query: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r["batch"] in module.ANSWERED_BATCHES:
+            by_query.setdefault((r["doc_id"], r["question"]), []).append(r)
+    assert len(by_query) == 40 and {d for d, _q in by_query} == set(pages_of)
+    for (doc_id, question), graded in by_query.items():
+        assert {r["page"] for r in graded} == pages_of[doc_id], question
+        assert len({r["answer"] for r in graded}) == 1 and graded[0]["answer"].strip()
+        assert any(r["cited_by_writer"] for r in graded) and any(r["grade"] == 2 for r in graded)
+    answered = module.queries(module.LABELS, 2, module.ANSWERED_BATCHES)
+    bare = module.queries(module.LABELS, 2, module.ANSWERED_BATCHES, question_only=True)
+    assert len(answered) == len(bare) == 40 and all(q["answer"] for q in answered)
+    assert [q["answer"] for q in bare] == [""] * 40
+    assert [q["relevant_pages"] for q in bare] == [q["relevant_pages"] for q in answered]
 
 
 def test_queries_take_the_pages_at_the_grade_asked():
