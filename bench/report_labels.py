@@ -27,7 +27,10 @@ round later, the shipped model unchanged (section 8v).
   programmes, and the pages it came from, `cited_by_writer`), six others graded every
   page of the report against each pair, blind to the writers' pages and to any
   ranking: 1,500 grades (docs/BENCHMARKS.md section 8x). ``--question-only`` drops
-  the answers, to measure the same labels as batches 1-5 are measured.
+  the answers, to measure the same labels as batches 1-5 are measured;
+  ``--reworded`` takes each answer as another agent reworded it, seeing only the
+  question and the answer (the same facts, figures and names, none of the report's
+  phrasing: `answer_reworded`), since the writers' answers echo the page.
 
 Who graded: four LLM agents, each given a quarter of the pages, the twelve
 questions and this rubric, and nothing of any ranking or probability:
@@ -82,11 +85,12 @@ FILING_LABELS = Path(__file__).with_name("data") / "financebench_heldout_labels.
 
 
 def queries(labels: Path, min_grade: int, batches: tuple[int, ...] | None = None,
-            question_only: bool = False) -> list[dict]:
+            question_only: bool = False, reworded: bool = False) -> list[dict]:
     """One query per (document, question) of the given batches, in file order;
     relevant: the pages graded at least ``min_grade``. A question without such a page
     in a document is kept (a query without evidence: what the threshold returns for it
-    is measured too). ``question_only``: the answers left out."""
+    is measured too). ``question_only``: the answers left out; ``reworded``: each
+    answer as reworded (``answer_reworded``) where a row has one."""
     rows = [json.loads(line) for line in labels.read_text(encoding="utf-8").splitlines() if line.strip()]
     if batches is not None:
         rows = [row for row in rows if row["batch"] in batches]
@@ -95,7 +99,9 @@ def queries(labels: Path, min_grade: int, batches: tuple[int, ...] | None = None
         key = (row["doc_id"], row["question"])
         if key not in out:
             out[key] = {"id": f"{row['doc_id']}-b{row['batch']}-q{len(out):02d}", "doc_id": row["doc_id"],
-                        "question": row["question"], "answer": "" if question_only else row.get("answer", ""),
+                        "question": row["question"],
+                        "answer": "" if question_only else row.get("answer_reworded" if reworded else "answer",
+                                                                   row.get("answer", "")),
                         "relevant_pages": [],
                         "company": row.get("company", row["doc_id"])}
             if "question_type" in row:
@@ -119,9 +125,14 @@ def main() -> int:
                          "5: written after the model shipped; 6: questions with the supplier's answer. "
                          "Filings: 1, long answers; 2, short ones (default: all)")
     ap.add_argument("--question-only", action="store_true", help="leave the answers out of the queries")
+    ap.add_argument("--reworded", action="store_true",
+                    help="batch 6: the answers as reworded by another agent (the same facts, not the report's words)")
     args = ap.parse_args()
     labels = FILING_LABELS if args.filings else args.labels
-    found = queries(labels, args.min_grade, tuple(args.batch) if args.batch else None, args.question_only)
+    if args.question_only and args.reworded:
+        ap.error("--question-only and --reworded exclude each other")
+    found = queries(labels, args.min_grade, tuple(args.batch) if args.batch else None, args.question_only,
+                    args.reworded)
     if args.batch and not found:
         ap.error(f"no batch {', '.join(map(str, args.batch))} in {labels.name}")
     for query in found:

@@ -3,6 +3,7 @@ bench/report_labels.py makes of them."""
 
 import importlib.util
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -57,6 +58,11 @@ def test_answered_batch_grades_every_page_of_its_report_against_each_answer():
     assert len(answered) == len(bare) == 40 and all(q["answer"] for q in answered)
     assert [q["answer"] for q in bare] == [""] * 40
     assert [q["relevant_pages"] for q in bare] == [q["relevant_pages"] for q in answered]
+    reworded = module.queries(module.LABELS, 2, module.ANSWERED_BATCHES, reworded=True)
+    assert [q["relevant_pages"] for q in reworded] == [q["relevant_pages"] for q in answered]
+    for a, r in zip(answered, reworded):  # the same facts in other words: every figure kept
+        assert r["answer"] and r["answer"] != a["answer"]
+        assert set(re.findall(r"\d+", a["answer"])) <= set(re.findall(r"\d+", r["answer"])), a["question"]
 
 
 def test_queries_take_the_pages_at_the_grade_asked():
