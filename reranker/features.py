@@ -117,8 +117,9 @@ _RANK_SIGNS = {"doc_rank_cos": -1, "doc_rank_bm25": -1, "doc_rank_cos_question":
                "doc_rrf": +1, "doc_rank_cos_adapted": -1}
 _EVIDENCE_FEATURES = ("cos_query", "cos_question", "cos_query_mean", "cos_answer", "cos_query_adapted", "cov_question",
                       "cov_answer", "tf_question", "idf_cov_question", "idf_cov_answer", "bm25_fixed", "bm25_domain",
-                      "phrase_question", "window_cov_question", "window_cov_answer", "num_answer", "statement_title", "statement_item", "memory_relevant",
-                      "memory_margin", "doc_gap_cos", "doc_rel_bm25", "doc_z_cos", "doc_local_bm25")
+                      "phrase_question", "window_cov_question", "window_cov_answer", "num_answer", "statement_title",
+                      "statement_item", "memory_relevant", "memory_margin", "doc_gap_cos", "doc_rel_bm25", "doc_z_cos",
+                      "doc_local_bm25")
 FEATURE_SIGNS = {**_RANK_SIGNS, **{name: +1 for name in _EVIDENCE_FEATURES}}
 # Features constant over a document, left out of the relevance fit and fitted after it
 # on the out-of-fold logits (reranker/relevance_model.py, calibrate_documents): they move
@@ -389,16 +390,18 @@ def passage_coverage(terms: QueryTerms, stems: list[str], window: int = PASSAGE_
     question's (answer words') keyword weight that one run of ``window`` consecutive page
     tokens (``page_stems``) holds."""
     w = terms.weights or {}
-    return [_best_window_share(terms.question, w, stems, window),
-            _best_window_share(terms.answer_words, w, stems, window)]
+    question, answer = set(terms.question), set(terms.answer_words)
+    # one pass over the page (every page of a searched document is scored)
+    hits = [(i, t) for i, t in enumerate(stems) if t in question or t in answer]
+    return [_best_window_share(terms.question, w, [h for h in hits if h[1] in question], window),
+            _best_window_share(terms.answer_words, w, [h for h in hits if h[1] in answer], window)]
 
 
-def _best_window_share(wanted: Sequence[str], weights: dict, stems: list[str], window: int) -> float:
+def _best_window_share(wanted: Sequence[str], weights: dict, hits: list[tuple[int, str]], window: int) -> float:
+    """``hits``: the (position, stem) of the page's tokens that are ``wanted``, in page order."""
     total = sum(weights.get(t, 1.0) for t in wanted)
     if not total:
         return 0.0
-    wanted_set = set(wanted)
-    hits = [(i, t) for i, t in enumerate(stems) if t in wanted_set]
     inside: Counter = Counter()
     weight = best = 0.0
     start = 0
