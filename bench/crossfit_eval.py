@@ -84,9 +84,11 @@ def run(cmd: list[str], log: Path, env: dict | None = None) -> None:
 
 
 def train_and_evaluate(k: int, domains: dict[str, list[dict]], folds: int, seed: int, work: Path,
-                       cr_fold_by: str = "company", foreign_negatives: int = DEFAULT_FOREIGN_NEGATIVES) -> float:
+                       cr_fold_by: str = "company", foreign_negatives: int = DEFAULT_FOREIGN_NEGATIVES,
+                       extra_records: tuple[Path, ...] = (), threshold_skip: tuple[str, ...] = ()) -> float:
     """Fold k: the README's dataset and train commands on the other folds, eval on
-    fold k. Returns the model's default threshold."""
+    fold k. Returns the model's default threshold. ``extra_records``: training records
+    of documents outside both domains (the real reports' labels), in every fold."""
     fold_dir = work / f"fold{k}"
     fold_dir.mkdir(parents=True, exist_ok=True)
     log = fold_dir / "log.txt"
@@ -104,10 +106,11 @@ def train_and_evaluate(k: int, domains: dict[str, list[dict]], folds: int, seed:
         run(["evidentia", "dataset", "--queries", str(fold_dir / f"train-{domain}-queries.jsonl"), "--negatives", "20",
              "--stage", "hybrid", *extra, "--out", str(fold_dir / f"train-{domain}.jsonl")], log)
         records.append((fold_dir / f"train-{domain}.jsonl").read_text(encoding="utf-8"))
+    records += [path.read_text(encoding="utf-8") for path in extra_records]
     (fold_dir / "train.jsonl").write_text("".join(records), encoding="utf-8")
     model = fold_dir / "model"
     run(["evidentia", "train", "--kind", "features", "--data", str(fold_dir / "train.jsonl"), "--out", str(model),
-         "--threshold-skip-docs", "CR_"], log)
+         *[arg for prefix in ("CR_", *threshold_skip) for arg in ("--threshold-skip-docs", prefix)]], log)
     chosen = json.loads((model / "evidentia-model.json").read_text(encoding="utf-8"))["metrics"].get("threshold")
     # a model whose training pools allow no threshold is used with the shipped default, as the reranker would
     t = chosen["t"] if chosen else Settings().classifier_threshold
@@ -193,6 +196,10 @@ def main() -> None:
                          "(for any report): the question memory cannot help, as with a new questionnaire")
     ap.add_argument("--foreign-negatives", type=int, default=DEFAULT_FOREIGN_NEGATIVES,
                     help="the financebench records' foreign-document negatives per query (0: none)")
+    ap.add_argument("--extra-records", type=Path, action="append", default=[],
+                    help="training records added to every fold (documents of neither domain; repeatable)")
+    ap.add_argument("--threshold-skip-docs", action="append", default=[],
+                    help="documents whose pools do not choose a fold's t, besides CR_ (repeatable)")
     args = ap.parse_args()
     domains = {"fb": read_jsonl(args.fb_queries), "cr": [q for f in args.cr_queries for q in read_jsonl(f)]}
     args.work.mkdir(parents=True, exist_ok=True)
@@ -200,7 +207,8 @@ def main() -> None:
     thresholds = []
     for k in range(args.folds):
         thresholds.append(train_and_evaluate(k, domains, args.folds, args.seed, args.work, args.cr_fold_by,
-                                             args.foreign_negatives))
+                                             args.foreign_negatives, tuple(args.extra_records),
+                                             tuple(args.threshold_skip_docs)))
         print(f"fold {k + 1}/{args.folds}: default t {thresholds[-1]} ({time.perf_counter() - t0:.0f} s)", flush=True)
     print(f"\ncross-fitted by company (ClimRetrieve by {args.cr_fold_by}), {args.folds} folds (seed {args.seed}); "
           "each model's own default t: " + ", ".join(str(t) for t in thresholds)

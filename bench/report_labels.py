@@ -7,9 +7,9 @@ so every page of them is evidence for some climate question. A real report also
 holds covers, contents, glossaries, assurance statements and pages on other
 subjects. These labels measure the rerankers on such documents.
 
-`bench/data/bhp_page_labels.jsonl` holds five batches of twelve questionnaire
-questions without an answer, each asked of each report alone (24 queries a batch),
-and a sixth of questions with the supplier's answer:
+`bench/data/bhp_page_labels.jsonl` holds six batches of twelve questionnaire
+questions without an answer (1-5 and 7), each asked of each report alone (24 queries
+a batch), and one (6) of questions with the supplier's answer:
 - batch 1, the questions of `bench/short_pages.py`: every page that the hybrid pool
   (20 pages) returned for any of them, 71 pages (45 of the 48 of the 2020 Climate
   Change Report, 26 of the 27 of the Climate Transition Action Plan), each against
@@ -31,6 +31,10 @@ round later, the shipped model unchanged (section 8v).
   ``--reworded`` takes each answer as another agent reworded it, seeing only the
   question and the answer (the same facts, figures and names, none of the report's
   phrasing: `answer_reworded`), since the writers' answers echo the page.
+- batch 7: twelve more questions without an answer, graded on every page of both
+  reports (900 grades) by six agents, one per sixth of the pages; written and graded
+  before any result of section 8y, and measured once after its decision
+  (docs/BENCHMARKS.md section 8y).
 
 Who graded: four LLM agents, each given a quarter of the pages, the twelve
 questions and this rubric, and nothing of any ranking or probability:
@@ -79,7 +83,7 @@ import sys
 from pathlib import Path
 
 LABELS = Path(__file__).with_name("data") / "bhp_page_labels.jsonl"
-BATCHES = (1, 2, 3, 4, 5, 6)
+BATCHES = (1, 2, 3, 4, 5, 6, 7)
 ANSWERED_BATCHES = (6,)  # questions with the supplier's answer, each asked of one report
 FILING_LABELS = Path(__file__).with_name("data") / "financebench_heldout_labels.jsonl"
 
@@ -87,7 +91,8 @@ FILING_LABELS = Path(__file__).with_name("data") / "financebench_heldout_labels.
 def queries(labels: Path, min_grade: int, batches: tuple[int, ...] | None = None,
             question_only: bool = False, reworded: bool = False) -> list[dict]:
     """One query per (document, question) of the given batches, in file order;
-    relevant: the pages graded at least ``min_grade``. A question without such a page
+    relevant: the pages graded at least ``min_grade``; ``partly_relevant_pages``: those
+    graded 1 below it (training leaves them out; evaluation counts them not relevant). A question without such a page
     in a document is kept (a query without evidence: what the threshold returns for it
     is measured too). ``question_only``: the answers left out; ``reworded``: each
     answer as reworded (``answer_reworded``) where a row has one."""
@@ -102,14 +107,17 @@ def queries(labels: Path, min_grade: int, batches: tuple[int, ...] | None = None
                         "question": row["question"],
                         "answer": "" if question_only else row.get("answer_reworded" if reworded else "answer",
                                                                    row.get("answer", "")),
-                        "relevant_pages": [],
+                        "relevant_pages": [], "partly_relevant_pages": [],
                         "company": row.get("company", row["doc_id"])}
             if "question_type" in row:
                 out[key]["question_type"] = row["question_type"]
         if row["grade"] >= min_grade:
             out[key]["relevant_pages"].append(row["page"])
+        elif row["grade"] >= 1:  # answers in part: training leaves it out, evaluation counts it not relevant
+            out[key]["partly_relevant_pages"].append(row["page"])
     for query in out.values():
         query["relevant_pages"].sort()
+        query["partly_relevant_pages"].sort()
     return list(out.values())
 
 
@@ -122,7 +130,8 @@ def main() -> int:
                     help="2: pages that answer the question; 1: also pages that partly answer it")
     ap.add_argument("--batch", type=int, action="append",
                     help="BHP: 1, 2: the questions the model was chosen on; 3, 4: the confirmation of that choice; "
-                         "5: written after the model shipped; 6: questions with the supplier's answer. "
+                         "5: written after the model shipped; 6: questions with the supplier's answer; "
+                         "7: written after them, measured once (section 8y). "
                          "Filings: 1, long answers; 2, short ones (default: all)")
     ap.add_argument("--question-only", action="store_true", help="leave the answers out of the queries")
     ap.add_argument("--reworded", action="store_true",

@@ -7,8 +7,11 @@ One line looks like::
 
 A query over several documents names them in ``doc_ids`` and its relevant pages
 per document: ``"relevant_pages": {"docA": [3], "docB": []}``. Pages are 1-based,
-as a PDF viewer numbers them. Every other field is kept in ``EvalQuery.fields``
-(evaluation breaks the metrics down by the string-valued ones).
+as a PDF viewer numbers them. An optional ``partly_relevant_pages`` (the same forms)
+names pages judged to answer the question only in part: evaluation counts them as not
+relevant, and training records leave them out (neither evidence nor a negative).
+Every other field is kept in ``EvalQuery.fields`` (evaluation breaks the metrics
+down by the string-valued ones).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-KNOWN_FIELDS = ("id", "doc_id", "doc_ids", "question", "answer", "relevant_pages")
+KNOWN_FIELDS = ("id", "doc_id", "doc_ids", "question", "answer", "relevant_pages", "partly_relevant_pages")
 
 
 class QueriesFileError(ValueError):
@@ -32,6 +35,8 @@ class EvalQuery:
     question: str
     answer: str
     relevant: frozenset[tuple[str, int]]  # (doc_id, 1-based page)
+    # pages that answer only in part: not relevant to evaluation, left out of training
+    partly_relevant: frozenset[tuple[str, int]] = frozenset()
     fields: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
 
@@ -53,6 +58,26 @@ def _pages(value: Any, where: str, err) -> list[int]:
         if not _is_page(page):
             raise err(f"{where}: page {json.dumps(page)} is not a positive integer (pages are 1-based)")
     return value
+
+
+def _page_set(raw: Any, name: str, doc_ids: tuple[str, ...], err) -> set[tuple[str, int]]:
+    """``relevant_pages`` and ``partly_relevant_pages``: a list of pages (one document)
+    or an object {doc_id: [pages]}."""
+    pages: set[tuple[str, int]] = set()
+    if isinstance(raw, dict):
+        for doc_id, listed in raw.items():
+            if doc_id not in doc_ids:
+                raise err(f"{name} names document {doc_id!r}, which is not among the query's "
+                          f"documents ({', '.join(doc_ids)})")
+            pages.update((doc_id, p) for p in _pages(listed, f"{name}[{doc_id!r}]", err))
+    elif isinstance(raw, list):
+        if len(doc_ids) > 1:
+            raise err(f"{name} must be an object {{doc_id: [pages]}} when the query has several documents")
+        pages.update((doc_ids[0], p) for p in _pages(raw, name, err))
+    else:
+        raise err(f"field {name!r} must be a list of pages or an object {{doc_id: [pages]}}, "
+                  f"not {_type_name(raw)}")
+    return pages
 
 
 def _parse_line(obj: Any, err) -> EvalQuery:
@@ -97,25 +122,14 @@ def _parse_line(obj: Any, err) -> EvalQuery:
 
     if "relevant_pages" not in obj:
         raise err("missing field 'relevant_pages'")
-    raw_rel = obj["relevant_pages"]
-    relevant: set[tuple[str, int]] = set()
-    if isinstance(raw_rel, dict):
-        for doc_id, pages in raw_rel.items():
-            if doc_id not in doc_ids:
-                raise err(f"relevant_pages names document {doc_id!r}, which is not among the query's "
-                          f"documents ({', '.join(doc_ids)})")
-            relevant.update((doc_id, p) for p in _pages(pages, f"relevant_pages[{doc_id!r}]", err))
-    elif isinstance(raw_rel, list):
-        if len(doc_ids) > 1:
-            raise err("relevant_pages must be an object {doc_id: [pages]} when the query has several documents")
-        relevant.update((doc_ids[0], p) for p in _pages(raw_rel, "relevant_pages", err))
-    else:
-        raise err(f"field 'relevant_pages' must be a list of pages or an object {{doc_id: [pages]}}, "
-                  f"not {_type_name(raw_rel)}")
+    relevant = _page_set(obj["relevant_pages"], "relevant_pages", doc_ids, err)
+    partly = _page_set(obj.get("partly_relevant_pages", {}), "partly_relevant_pages", doc_ids, err)
+    if partly & relevant:
+        raise err("partly_relevant_pages repeats a page of relevant_pages")
 
     extra = {k: v for k, v in obj.items() if k not in KNOWN_FIELDS}
     return EvalQuery(id=qid, doc_ids=doc_ids, question=obj["question"], answer=obj["answer"],
-                     relevant=frozenset(relevant), fields=extra)
+                     relevant=frozenset(relevant), partly_relevant=frozenset(partly), fields=extra)
 
 
 def parse_queries(lines, source: str = "queries file") -> list[EvalQuery]:

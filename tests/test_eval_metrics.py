@@ -355,7 +355,7 @@ def test_parse_good_queries(tmp_path):
         _line(question_type="metrics", company="ACME", difficulty=3),
         "",
         _line(id="q2", doc_id=..., doc_ids=["a", "b"], relevant_pages={"b": [1], "a": []}, question_type="other"),
-        _line(id=7, relevant_pages=[]),
+        _line(id=7, relevant_pages=[], partly_relevant_pages=[3, 4]),
     ]
     path = tmp_path / "q.jsonl"
     path.write_text("\n".join(lines) + "\n")
@@ -364,6 +364,8 @@ def test_parse_good_queries(tmp_path):
     assert q1.fields == {"question_type": "metrics", "company": "ACME", "difficulty": 3}
     assert q2.doc_ids == ("a", "b") and q2.relevant == frozenset({("b", 1)})
     assert q3.id == "7" and q3.relevant == frozenset()
+    assert q3.partly_relevant == frozenset({("a", 3), ("a", 4)}) and q1.partly_relevant == frozenset()
+    assert "partly_relevant_pages" not in q3.fields
     # question_type: 2 string values -> a category; company: one value; difficulty: not a string
     assert category_fields([q1, q2, q3]) == {"question_type": ["metrics", "other", MISSING_CATEGORY]}
 
@@ -388,6 +390,9 @@ def test_parse_good_queries(tmp_path):
     (_line(relevant_pages={"zzz": [1]}), "names document 'zzz', which is not among"),
     (_line(doc_id=..., doc_ids=["a", "b"], relevant_pages=[1]), "must be an object {doc_id: [pages]}"),
     (_line(id="q0"), "duplicate id 'q0' (first used on line 1)"),
+    (_line(partly_relevant_pages=[0]), "partly_relevant_pages: page 0 is not a positive integer"),
+    (_line(partly_relevant_pages=[5]), "partly_relevant_pages repeats a page of relevant_pages"),
+    (_line(partly_relevant_pages="3"), "field 'partly_relevant_pages' must be a list of pages"),
 ])
 def test_queries_file_errors_name_the_line(tmp_path, bad, message):
     path = tmp_path / "q.jsonl"

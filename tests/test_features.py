@@ -982,3 +982,42 @@ def test_calibrate_reads_each_page_with_its_document_as_reranking_does(multiling
     assert a > 0 and result.calibration.rank_weight == 0.0
     _, after = served(model_dir)
     np.testing.assert_allclose(after, [1 / (1 + np.exp(-(a * p.margin + b))) for p in pages], atol=1e-9)
+
+
+def test_record_weights_reach_the_fit_and_skipped_documents_leave_the_threshold(embedder, tmp_path, monkeypatch):
+    """A record's ``weight`` multiplies its row in the page fit (a large source weighed
+    down), foreign records stay at 0; documents of every --threshold-skip-docs prefix are
+    left out of the threshold's pools."""
+    import evidentia.training.train_features as train_module
+    from dataclasses import replace
+
+    from evidentia.training.dataset import FOREIGN_SOURCE
+
+    records = []
+    for d in range(6):
+        doc, question = (f"doc{d}", QUESTION) if d < 3 else (f"BHP_{d}", QUESTION.replace("What", "Which"))
+        records.append(TrainingRecord(question, ANSWER, CAPEX.replace("2018", str(2010 + d)), 1, doc, 1))
+        records.append(TrainingRecord(question, ANSWER, STAFF + f" Note {d}.", 0, doc, 2))
+        records.append(TrainingRecord(question, ANSWER, CONTENTS + f" Item {d}.", 0, doc, 3))
+    weighted = [replace(r, weight=0.25) if r.doc_id.startswith("BHP_") else r for r in records]
+    weighted.append(TrainingRecord(QUESTION, ANSWER, STAFF + " Elsewhere.", 0, "other", 1, FOREIGN_SOURCE))
+    seen = []
+    real_fit = train_module.fit
+    monkeypatch.setattr(train_module, "fit", lambda x, labels, weights=None, **kw: seen.append(weights)
+                        or real_fit(x, labels, weights, **kw))
+    meta = train_module.train_features(weighted, tmp_path / "m", log=lambda _m: None, embedder=embedder,
+                                       threshold_skip_prefix=("CR_", "BHP_"))
+    final = np.asarray(seen[0])  # the model's own fit; the out-of-fold fits follow
+    # each record trained with and without its answer: the weights follow the records
+    per_record = {1.0: 0, 0.25: 0, 0.0: 0}
+    for w in final:
+        per_record[float(w)] += 1
+    assert per_record == {1.0: 2 * 9, 0.25: 2 * 9, 0.0: final.size - 36}
+    # chosen on doc0-doc2's pools alone
+    assert meta.metrics["threshold"]["queries"] == 1
+    assert meta.metrics["threshold"]["chosen_on"].endswith("(documents CR_*, BHP_* left out)")
+    unweighted = [replace(r, weight=None) for r in weighted]
+    seen.clear()
+    plain = train_module.train_features(unweighted, tmp_path / "u", log=lambda _m: None, embedder=embedder)
+    assert set(np.asarray(seen[0]).tolist()) <= {0.0, 1.0}
+    assert plain.metrics["threshold"]["queries"] == 2 and plain.metrics["threshold"]["chosen_on"] == "out-of-fold pools"

@@ -107,3 +107,23 @@ def test_filing_queries_carry_answer_and_kind():
         assert s["answer"] and s["question_type"] and s["company"] != s["doc_id"]
         assert set(s["relevant_pages"]) <= set(l["relevant_pages"])
     assert all(q["relevant_pages"] for q in strict)  # every question has a page that answers it
+
+
+def test_report_crossfit_scores_each_query_with_neither_its_report_nor_its_question_trained():
+    module = _report_labels()
+    spec = importlib.util.spec_from_file_location("report_crossfit", BENCH / "report_crossfit.py")
+    crossfit = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(crossfit)
+    graded = module.queries(module.LABELS, 2, crossfit.TRAINING_BATCHES)
+    assert 7 not in crossfit.TRAINING_BATCHES  # batch 7 is never trained on: the confirmation
+    by_cell = crossfit.cells(graded)
+    reports = sorted({q["doc_id"] for q in graded})
+    assert len(by_cell) == 4 and sorted(q["id"] for c in by_cell.values() for q in c) == sorted(q["id"] for q in graded)
+    for cell, tested in by_cell.items():
+        trained = by_cell[crossfit.training_cell(cell, reports)]
+        assert {q["doc_id"] for q in tested}.isdisjoint({q["doc_id"] for q in trained})
+        assert {q["question"] for q in tested}.isdisjoint({q["question"] for q in trained})
+        assert min(len(tested), len(trained)) >= 20
+    # a page graded 1 is listed apart (left out of training), never as relevant
+    assert any(q["partly_relevant_pages"] for q in graded)
+    assert all(not set(q["relevant_pages"]) & set(q["partly_relevant_pages"]) for q in graded)

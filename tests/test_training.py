@@ -175,6 +175,12 @@ def test_records_from_queries(backend, detector, make_pdf):
     assert [(r.doc_id, r.page, r.relevance) for r in far] == [("report", 4, 0)]
     assert far[0].page_text == backend.get_page("report", 4).text
     assert [r for r in more if r.source != "document"] == few
+    # a page judged to answer in part is neither a positive nor a negative, in the pool or not
+    partly = EvalQuery(id="q1", doc_ids=("report",), question=query.question, answer=query.answer,
+                       relevant=frozenset({("report", 1)}), partly_relevant=frozenset({("report", 6), ("report", 4)}))
+    judged = list(records_from_queries([partly], engine, negatives_per_query=10, document_negatives=5))
+    assert [(r.page, r.relevance) for r in judged if r.relevance == 1] == [(1, 1)]
+    assert {r.page for r in judged if r.relevance == 0} == {2, 3}
 
 
 # --- dedupe, files, splits -------------------------------------------------------------------------
@@ -583,3 +589,32 @@ def test_cli_dataset_foreign_negatives(tmp_path, make_pdf):
     none = CliRunner().invoke(app, args + ["--foreign-negatives", "0"], env=env)
     assert none.exit_code == 0 and not [line for line in out.read_text().splitlines() if '"foreign"' in line]
 
+
+
+def test_cli_dataset_record_weight_and_partly_relevant_pages(tmp_path, make_pdf):
+    """--record-weight is written on every record and read back; a page judged to answer
+    in part (partly_relevant_pages) is in no record."""
+    pdfs = make_pdf("water-2022.pdf", ["Total water withdrawal was 4.2 million cubic metres in 2022.",
+                                       "Water recycling rose in 2022.", "The cafeteria menu changes every week.",
+                                       "Water withdrawal by site is in the appendix."]).parent
+    queries = tmp_path / "queries.jsonl"
+    queries.write_text(json.dumps({"id": "q1", "doc_id": "water-2022", "question": "How much water was withdrawn?",
+                                   "answer": "4.2 million m3", "relevant_pages": [1],
+                                   "partly_relevant_pages": [4]}) + "\n")
+    out = tmp_path / "records.jsonl"
+    args = ["dataset", "--out", str(out), "--queries", str(queries), "--pdf-dir", str(pdfs), "--negatives", "5",
+            "--document-negatives", "5"]
+    for bad in ("0", "-1", "inf"):
+        refused = CliRunner().invoke(app, args + ["--record-weight", bad])
+        assert refused.exit_code != 0 and "--record-weight must be a positive number" in refused.output
+    made = CliRunner().invoke(app, args + ["--record-weight", "0.4"])
+    assert made.exit_code == 0, made.output
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {r["weight"] for r in rows} == {0.4}
+    assert sorted(r["page"] for r in rows) == [1, 2, 3]  # page 4 neither evidence nor a negative
+    assert [r.weight for r in read_records(out)] == [0.4] * 3
+    plain = CliRunner().invoke(app, args)
+    assert plain.exit_code == 0 and all("weight" not in json.loads(line) for line in out.read_text().splitlines())
+    out.write_text(json.dumps({**rows[0], "weight": 0}) + "\n")
+    with pytest.raises(DatasetError, match="line 1: weight must be a positive number"):
+        read_records(out)

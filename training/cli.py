@@ -3,6 +3,7 @@ transformers) happen when a command runs, so `evidentia --help` stays fast."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import List, Optional
@@ -44,6 +45,10 @@ def dataset_command(
                                  help="Query field that groups held-out queries (company, doc_id, ...)."),
     split_out: Optional[Path] = typer.Option(None, "--split-out",
                                              help="Folder for train_queries.jsonl and heldout_queries.jsonl."),
+    record_weight: Optional[float] = typer.Option(None, "--record-weight",
+                                                  help="How much each record of this file counts in a features "
+                                                       "model's fit (default 1): a large source weighed down so that "
+                                                       "it does not outweigh the others."),
     seed: int = typer.Option(0, "--seed"),
 ):
     """Build classifier training records: relevant pages and hard negatives (the --stage pool) from labelled
@@ -58,6 +63,8 @@ def dataset_command(
         raise fail("give --queries and/or --climretrieve")
     if not 0.0 <= holdout_fraction < 1.0:
         raise fail("--holdout-fraction must be in [0, 1)")
+    if record_weight is not None and not 0.0 < record_weight < float("inf"):
+        raise fail("--record-weight must be a positive number")
     records = []
     if queries is not None:
         ctx = Context(batch=True)
@@ -102,6 +109,8 @@ def dataset_command(
         except (DatasetError, OSError) as exc:
             raise fail(str(exc), EXIT_BAD_INPUT)
     records = dedupe(records)
+    if record_weight is not None:
+        records = [dataclasses.replace(r, weight=record_weight) for r in records]
     digest = write_records(records, out)
     positives = sum(r.relevance for r in records)
     typer.echo(f"{len(records)} records ({positives} relevant, {len(records) - positives} not) -> {out} "
@@ -130,9 +139,10 @@ def train_command(
     kind: str = typer.Option("lora", "--kind", help="lora: fine-tune --base-model (QLoRA on a GPU); features: the "
                              "CPU default, a calibrated logistic model over pool-independent features "
                              "(--base-model is then the bi-encoder, default all-MiniLM-L6-v2)."),
-    threshold_skip: Optional[str] = typer.Option(None, "--threshold-skip-docs", help="features: pools of documents "
-                                                 "whose id starts with this are not used to choose the default "
-                                                 "threshold (e.g. CR_: ClimRetrieve pools, every page on-topic)."),
+    threshold_skip: Optional[List[str]] = typer.Option(None, "--threshold-skip-docs", help="features: pools of "
+                                                       "documents whose id starts with this are not used to choose "
+                                                       "the default threshold (e.g. CR_: ClimRetrieve pools, every "
+                                                       "page on-topic); repeatable."),
 ):
     """Train the classifier reranker: LoRA on all linear layers (4-bit QLoRA on a GPU), head fully trained;
     or (--kind features) the feature-based relevance model."""
@@ -165,7 +175,7 @@ def train_command(
             # the index's stored page vectors are used for records of pages it holds (same numbers, faster)
             metadata = train_features(records, out, base_model=base_model, data_sha256=file_sha256(data), seed=seed,
                                       log=lambda m: typer.echo(m, err=True), backend=Context().backend,
-                                      threshold_skip_prefix=threshold_skip)
+                                      threshold_skip_prefix=tuple(threshold_skip or ()))
         except (FeatureModelError, EmbeddingError) as exc:
             raise fail(str(exc), EXIT_BAD_INPUT)
         typer.echo(json.dumps(metadata.metrics, indent=2))

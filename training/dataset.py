@@ -2,10 +2,14 @@
 
 A record is ``{"question", "answer", "page_text", "relevance": 0|1, "doc_id", "page"}``,
 optionally with ``"soft_label"``: the probability (0..1) that the page is relevant, which
-training uses as the target instead of ``relevance`` (distilled labels, training/distill.py).
+training uses as the target instead of ``relevance`` (distilled labels, training/distill.py),
+and ``"weight"``: how much the record counts in the features model's fit (default 1;
+``evidentia dataset --record-weight``), so that one large source of records does not
+outweigh the others.
 Sources:
 - labelled queries (the evaluation format): relevant pages are positives, BM25
-  candidates of the same document that are not relevant are hard negatives, and
+  candidates of the same document that are not relevant are hard negatives (pages
+  judged partly relevant are left out: neither), and
   random other pages of the document are negatives too (``document_negatives``);
   and, given documents that cannot hold the queries' evidence (another domain's),
   the top of each query's pool in one of them (``foreign_negatives``);
@@ -43,11 +47,14 @@ class TrainingRecord:
     source: str = ""
     # Probability that the page is relevant (soft target); None: ``relevance`` is the target.
     soft_label: float | None = None
+    # How much the record counts in the features model's fit; None: 1.
+    weight: float | None = None
 
     def to_json(self) -> str:
         data = asdict(self)
-        if self.soft_label is None:
-            del data["soft_label"]  # records without one are written as before
+        for optional in ("soft_label", "weight"):
+            if data[optional] is None:
+                del data[optional]  # records without one are written as before
         return json.dumps(data, ensure_ascii=False)
 
 
@@ -100,7 +107,8 @@ def records_from_queries(queries: Iterable, engine: "Engine", negatives_per_quer
     query id), documents that cannot hold its evidence."""
     backend = engine.backend
     for q in queries:
-        seen = set(q.relevant)
+        # pages that answer in part are neither evidence nor negatives: never a record
+        seen = set(q.relevant) | set(q.partly_relevant)
         for doc_id, page in sorted(q.relevant):
             p = backend.get_page(doc_id, page)
             if p is not None and p.text:
@@ -111,7 +119,7 @@ def records_from_queries(queries: Iterable, engine: "Engine", negatives_per_quer
             seen.add((c.doc_id, c.page))
             if taken >= negatives_per_query:
                 continue  # still seen: a document negative is a page the pool did not hold
-            if (c.doc_id, c.page) in q.relevant or not c.text:
+            if (c.doc_id, c.page) in q.relevant or (c.doc_id, c.page) in q.partly_relevant or not c.text:
                 continue
             yield TrainingRecord(q.question, q.answer, c.text, 0, c.doc_id, c.page, "queries")
             taken += 1
@@ -218,8 +226,15 @@ def read_records(path: Path) -> list[TrainingRecord]:
                     raise DatasetError(f"{path}, line {n}: soft_label must be a number between 0 and 1 "
                                        f"(or null), not {json.dumps(soft)}")
                 soft = float(soft)
+            weight = obj.get("weight")
+            if weight is not None:
+                if not isinstance(weight, (int, float)) or isinstance(weight, bool) or not 0.0 < weight < float("inf"):
+                    raise DatasetError(f"{path}, line {n}: weight must be a positive number (or null), "
+                                       f"not {json.dumps(weight)}")
+                weight = float(weight)
             out.append(TrainingRecord(obj["question"], obj["answer"], obj["page_text"], obj["relevance"],
-                                      str(obj.get("doc_id", "")), obj.get("page"), obj.get("source", ""), soft))
+                                      str(obj.get("doc_id", "")), obj.get("page"), obj.get("source", ""), soft,
+                                      weight))
     if not out:
         raise DatasetError(f"{path}: no records")
     return out

@@ -196,7 +196,7 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
                    data_sha256: str = "", regularisation: float = DEFAULT_REGULARISATION, seed: int = 0,
                    log: Callable[[str], None] = print, embedder=None,
                    answerless_copies: bool = True, backend=None,
-                   threshold_skip_prefix: str | None = None) -> ModelMetadata:
+                   threshold_skip_prefix: str | Sequence[str] | None = None) -> ModelMetadata:
     """``backend``: an index holding the records' pages (doc_id, page): their window
     vectors are read from it instead of computed (same numbers, much faster), and
     the document features of a record are computed over all pages of its document
@@ -275,7 +275,9 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
     # weights that ranking first in a document counts for less, and the filings'
     # evidence fell below the threshold (docs/BENCHMARKS.md, section 8p).
     foreign = np.asarray([r.source == FOREIGN_SOURCE for r in records], dtype=bool)
-    fit_weights = (~foreign).astype(np.float64) if foreign.any() else None
+    # and each record counts as much as its weight says (a large source weighed down)
+    record_weights = np.asarray([1.0 if r.weight is None else r.weight for r in records])
+    fit_weights = (~foreign) * record_weights if foreign.any() or (record_weights != 1.0).any() else None
     model = fit(x, labels, fit_weights, regularisation=regularisation)
     record_documents = {r.doc_id for r in records if r.doc_id and r.page}
     indexed = record_documents & {doc_id for _q, _a, doc_id in pages_of_documents}
@@ -301,8 +303,10 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
         metrics["out_of_fold"] = _oof_metrics(oof, hard)
         pools: dict[tuple[str, str], list[int]] = defaultdict(list)
         answered = any(r.answer.strip() for r in records)
+        skipped = ((threshold_skip_prefix,) if isinstance(threshold_skip_prefix, str)
+                   else tuple(threshold_skip_prefix or ()))
         for i, r in enumerate(records):
-            if threshold_skip_prefix and (r.doc_id or "").startswith(threshold_skip_prefix):
+            if skipped and (r.doc_id or "").startswith(skipped):
                 continue  # pools unlike a first stage's (e.g. ClimRetrieve: every page on-topic)
             if r.source == FOREIGN_SOURCE:
                 continue  # another document's pages: not in the pool of the query's own documents
@@ -323,8 +327,9 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
             metrics["threshold"] = {"t": choice.threshold, "recall_kept": choice.recall_kept,
                                     "pool_share": choice.pool_share, "queries": len(pools),
                                     "confidence": choice.confidence, "fold_draws": len(draws),
-                                    "chosen_on": "out-of-fold pools" + (f" (documents {threshold_skip_prefix}* left out)"
-                                                                        if threshold_skip_prefix else "")}
+                                    "chosen_on": "out-of-fold pools" + (
+                                        " (documents " + ", ".join(f"{p}*" for p in skipped) + " left out)"
+                                        if skipped else "")}
         except FeatureModelError as exc:
             log(f"no default threshold: {exc}")
     metadata = ModelMetadata(
