@@ -85,7 +85,8 @@ def run(cmd: list[str], log: Path, env: dict | None = None) -> None:
 
 def train_and_evaluate(k: int, domains: dict[str, list[dict]], folds: int, seed: int, work: Path,
                        cr_fold_by: str = "company", foreign_negatives: int = DEFAULT_FOREIGN_NEGATIVES,
-                       extra_records: tuple[Path, ...] = (), threshold_skip: tuple[str, ...] = ()) -> float:
+                       extra_records: tuple[Path, ...] = (), threshold_skip: tuple[str, ...] = (),
+                       memory_family: tuple[str, ...] = ()) -> float:
     """Fold k: the README's dataset and train commands on the other folds, eval on
     fold k. Returns the model's default threshold. ``extra_records``: training records
     of documents outside both domains (the real reports' labels), in every fold."""
@@ -110,7 +111,8 @@ def train_and_evaluate(k: int, domains: dict[str, list[dict]], folds: int, seed:
     (fold_dir / "train.jsonl").write_text("".join(records), encoding="utf-8")
     model = fold_dir / "model"
     run(["evidentia", "train", "--kind", "features", "--data", str(fold_dir / "train.jsonl"), "--out", str(model),
-         *[arg for prefix in ("CR_", *threshold_skip) for arg in ("--threshold-skip-docs", prefix)]], log)
+         *[arg for prefix in ("CR_", *threshold_skip) for arg in ("--threshold-skip-docs", prefix)],
+         *[arg for prefix in memory_family for arg in ("--memory-family-docs", prefix)]], log)
     chosen = json.loads((model / "evidentia-model.json").read_text(encoding="utf-8"))["metrics"].get("threshold")
     # a model whose training pools allow no threshold is used with the shipped default, as the reranker would
     t = chosen["t"] if chosen else Settings().classifier_threshold
@@ -200,6 +202,8 @@ def main() -> None:
                     help="training records added to every fold (documents of neither domain; repeatable)")
     ap.add_argument("--threshold-skip-docs", action="append", default=[],
                     help="documents whose pools do not choose a fold's t, besides CR_ (repeatable)")
+    ap.add_argument("--memory-family-docs", action="append", default=[],
+                    help="documents that share a memory fold in training (one company's reports; repeatable)")
     args = ap.parse_args()
     domains = {"fb": read_jsonl(args.fb_queries), "cr": [q for f in args.cr_queries for q in read_jsonl(f)]}
     args.work.mkdir(parents=True, exist_ok=True)
@@ -208,7 +212,7 @@ def main() -> None:
     for k in range(args.folds):
         thresholds.append(train_and_evaluate(k, domains, args.folds, args.seed, args.work, args.cr_fold_by,
                                              args.foreign_negatives, tuple(args.extra_records),
-                                             tuple(args.threshold_skip_docs)))
+                                             tuple(args.threshold_skip_docs), tuple(args.memory_family_docs)))
         print(f"fold {k + 1}/{args.folds}: default t {thresholds[-1]} ({time.perf_counter() - t0:.0f} s)", flush=True)
     print(f"\ncross-fitted by company (ClimRetrieve by {args.cr_fold_by}), {args.folds} folds (seed {args.seed}); "
           "each model's own default t: " + ", ".join(str(t) for t in thresholds)

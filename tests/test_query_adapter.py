@@ -89,3 +89,9 @@ def test_documents_that_share_an_answered_query_are_one_family():
     families = document_families(records)
     assert families[0] == families[1]
     assert len({families[0], families[2], families[4]}) == 3
+    # one company's reports, named by a prefix (--memory-family-docs): one family, whatever they ask
+    records += [TrainingRecord("Scope 3?", "", "text", 1, "BHP_climate", 1),
+                TrainingRecord("Scope 3?", "", "text", 0, "BHP_plan", 2)]
+    assert len(set(document_families(records)[-2:])) == 2  # unanswered: not linked by the question
+    linked = document_families(records, ("BHP_",))
+    assert linked[-1] == linked[-2] and linked[:5] == families

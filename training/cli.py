@@ -143,6 +143,10 @@ def train_command(
                                                        "documents whose id starts with this are not used to choose "
                                                        "the default threshold (e.g. CR_: ClimRetrieve pools, every "
                                                        "page on-topic); repeatable."),
+    memory_family: Optional[List[str]] = typer.Option(None, "--memory-family-docs", help="features: documents whose "
+                                                      "id starts with this are one family (one company's reports): "
+                                                      "their records' memory features come from other documents' "
+                                                      "labels only; repeatable."),
 ):
     """Train the classifier reranker: LoRA on all linear layers (4-bit QLoRA on a GPU), head fully trained;
     or (--kind features) the feature-based relevance model."""
@@ -175,7 +179,8 @@ def train_command(
             # the index's stored page vectors are used for records of pages it holds (same numbers, faster)
             metadata = train_features(records, out, base_model=base_model, data_sha256=file_sha256(data), seed=seed,
                                       log=lambda m: typer.echo(m, err=True), backend=Context().backend,
-                                      threshold_skip_prefix=tuple(threshold_skip or ()))
+                                      threshold_skip_prefix=tuple(threshold_skip or ()),
+                                      memory_family_prefixes=tuple(memory_family or ()))
         except (FeatureModelError, EmbeddingError) as exc:
             raise fail(str(exc), EXIT_BAD_INPUT)
         typer.echo(json.dumps(metadata.metrics, indent=2))

@@ -149,9 +149,11 @@ def query_adapter_pools(records: Sequence[TrainingRecord], extractor: FeatureExt
     return out
 
 
-def document_families(records: Sequence[TrainingRecord]) -> list[str]:
+def document_families(records: Sequence[TrainingRecord], linked_prefixes: Sequence[str] = ()) -> list[str]:
     """Each record's document family: documents that share an answered query (the same
-    question and answer judged in both) are one, so that folds keep them together."""
+    question and answer judged in both) are one, so that folds keep them together; so are
+    the documents whose id starts with one of ``linked_prefixes`` (one company's reports:
+    their memory must come from other companies' labels, as a new supplier's does)."""
     parent: dict[str, str] = {}
 
     def find(doc: str) -> str:
@@ -161,9 +163,15 @@ def document_families(records: Sequence[TrainingRecord]) -> list[str]:
         return doc
 
     first_document: dict[tuple[str, str], str] = {}
+    first_linked: dict[str, str] = {}
     for r in records:
         doc = r.doc_id or ""
         find(doc)
+        for prefix in linked_prefixes:
+            if doc.startswith(prefix):
+                a, b = find(doc), find(first_linked.setdefault(prefix, doc))
+                if a != b:
+                    parent[max(a, b)] = min(a, b)
         if r.source == FOREIGN_SOURCE or not r.answer.strip():
             continue  # another document's pages for the query; an unanswered question links every report
         other = first_document.setdefault((r.question, r.answer), doc)
@@ -196,7 +204,8 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
                    data_sha256: str = "", regularisation: float = DEFAULT_REGULARISATION, seed: int = 0,
                    log: Callable[[str], None] = print, embedder=None,
                    answerless_copies: bool = True, backend=None,
-                   threshold_skip_prefix: str | Sequence[str] | None = None) -> ModelMetadata:
+                   threshold_skip_prefix: str | Sequence[str] | None = None,
+                   memory_family_prefixes: Sequence[str] = ()) -> ModelMetadata:
     """``backend``: an index holding the records' pages (doc_id, page): their window
     vectors are read from it instead of computed (same numbers, much faster), and
     the document features of a record are computed over all pages of its document
@@ -235,7 +244,7 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
     entries = memory_entries([r for r in records if r.source != FOREIGN_SOURCE], extractor, vectors)
     x = np.zeros((len(records), len(FEATURE_NAMES)))
     pages_of_documents: dict[tuple[str, str, str], np.ndarray] = {}
-    folds = fold_of_groups(document_families(records), MEMORY_FOLDS, seed)
+    folds = fold_of_groups(document_families(records, memory_family_prefixes), MEMORY_FOLDS, seed)
     # without folds the records' features are computed with no adapter, and the model keeps none
     adapter_pools = []
     if len(set(groups)) >= 2:
