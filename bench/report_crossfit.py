@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import sys
 import time
@@ -64,7 +65,6 @@ def evaluate(queries_file: Path, model: Path, t: float, run_out: Path, log: Path
 
 
 def threshold_of(model: Path) -> float:
-    import json
     return json.loads((model / "evidentia-model.json").read_text(encoding="utf-8"))["feature_model"]["threshold"]
 
 
