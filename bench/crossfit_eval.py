@@ -83,6 +83,27 @@ def run(cmd: list[str], log: Path, env: dict | None = None) -> None:
         sys.exit(f"failed ({done.returncode}): {' '.join(cmd)}; see {log}")
 
 
+def default_threshold(model: Path) -> float:
+    """The t the model chose for itself; a model whose training pools allow none is used
+    with the shipped default, as the reranker would."""
+    chosen = json.loads((model / "evidentia-model.json").read_text(encoding="utf-8"))["metrics"].get("threshold")
+    return chosen["t"] if chosen else Settings().classifier_threshold
+
+
+def evaluate_at_default(queries: Path, model: Path, t: float, configs: tuple[str, ...], run_out: Path,
+                        log: Path) -> None:
+    """`evidentia eval` of ``configs`` and the model at ``t``; the thresholded run is named
+    DEFAULT_T, whatever t each model chose, so that runs of several models pool."""
+    env = {**os.environ, "EVIDENTIA_CLASSIFIER_MODEL": str(model)}
+    run(["evidentia", "eval", "--queries", str(queries), "--compare", ",".join(configs) + f",hybrid+classifier@{t}",
+         "--run-out", str(run_out), "--json"], log, env)
+    rows = read_jsonl(run_out)
+    for row in rows:
+        if row["config"] == f"hybrid+classifier@{t}":
+            row["config"] = DEFAULT_T
+    write_jsonl(run_out, rows)
+
+
 def train_and_evaluate(k: int, domains: dict[str, list[dict]], folds: int, seed: int, work: Path,
                        cr_fold_by: str = "company", foreign_negatives: int = DEFAULT_FOREIGN_NEGATIVES,
                        extra_records: tuple[Path, ...] = (), threshold_skip: tuple[str, ...] = (),
@@ -113,22 +134,13 @@ def train_and_evaluate(k: int, domains: dict[str, list[dict]], folds: int, seed:
     run(["evidentia", "train", "--kind", "features", "--data", str(fold_dir / "train.jsonl"), "--out", str(model),
          *[arg for prefix in ("CR_", *threshold_skip) for arg in ("--threshold-skip-docs", prefix)],
          *[arg for prefix in memory_family for arg in ("--memory-family-docs", prefix)]], log)
-    chosen = json.loads((model / "evidentia-model.json").read_text(encoding="utf-8"))["metrics"].get("threshold")
-    # a model whose training pools allow no threshold is used with the shipped default, as the reranker would
-    t = chosen["t"] if chosen else Settings().classifier_threshold
+    t = default_threshold(model)
     env = {**os.environ, "EVIDENTIA_CLASSIFIER_MODEL": str(model)}
     for domain in domains:
         queries = fold_dir / f"test-{domain}-queries.jsonl"
         if not queries.read_text(encoding="utf-8").strip():
             continue
-        run(["evidentia", "eval", "--queries", str(queries), "--compare", ",".join(CONFIGS) + f",hybrid+classifier@{t}",
-             "--run-out", str(fold_dir / f"run-{domain}.jsonl"), "--json"], fold_dir / f"eval-{domain}.log", env)
-        # one name for the thresholded run, whatever t each fold's model chose
-        rows = read_jsonl(fold_dir / f"run-{domain}.jsonl")
-        for row in rows:
-            if row["config"] == f"hybrid+classifier@{t}":
-                row["config"] = DEFAULT_T
-        write_jsonl(fold_dir / f"run-{domain}.jsonl", rows)
+        evaluate_at_default(queries, model, t, CONFIGS, fold_dir / f"run-{domain}.jsonl", fold_dir / f"eval-{domain}.log")
     # the fold's filing questions in its reports and back: documents that cannot hold their evidence
     tests = [fold_dir / f"test-{domain}-queries.jsonl" for domain in ("fb", "cr")]
     if all(path.read_text(encoding="utf-8").strip() for path in tests):

@@ -21,19 +21,20 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from crossfit_eval import DEFAULT_T, pool_statistics, read_jsonl, run, write_jsonl  # noqa: E402
+from crossfit_eval import (DEFAULT_T, default_threshold, evaluate_at_default, pool_statistics,  # noqa: E402
+                           read_jsonl, run, write_jsonl)
 from paired_bootstrap import compare, per_query  # noqa: E402
 from report_labels import LABELS, queries  # noqa: E402
 
 SHIPPED = Path(__file__).resolve().parents[1] / "reranker" / "models" / "relevance-features"
 TRAINING_BATCHES = (1, 2, 3, 4, 5, 6)
+CONFIGS = ("hybrid", "hybrid+classifier")
 
 
 def question_half(question: str) -> int:
@@ -51,21 +52,6 @@ def training_cell(cell: tuple[str, int], reports: list[str]) -> tuple[str, int]:
     """The cell whose records train the model that scores ``cell``: the other report, the other half."""
     report_id, half = cell
     return reports[1 - reports.index(report_id)], 1 - half
-
-
-def evaluate(queries_file: Path, model: Path, t: float, run_out: Path, log: Path) -> None:
-    env = {**os.environ, "EVIDENTIA_CLASSIFIER_MODEL": str(model)}
-    run(["evidentia", "eval", "--queries", str(queries_file), "--compare",
-         f"hybrid,hybrid+classifier,hybrid+classifier@{t}", "--run-out", str(run_out), "--json"], log, env)
-    rows = read_jsonl(run_out)
-    for row in rows:  # one name for the thresholded run, whatever t the model chose
-        if row["config"] == f"hybrid+classifier@{t}":
-            row["config"] = DEFAULT_T
-    write_jsonl(run_out, rows)
-
-
-def threshold_of(model: Path) -> float:
-    return json.loads((model / "evidentia-model.json").read_text(encoding="utf-8"))["feature_model"]["threshold"]
 
 
 def report(name: str, run_file: Path, queries_file: Path, samples: int, seed: int) -> None:
@@ -123,15 +109,16 @@ def main() -> None:
         run(["evidentia", "train", "--kind", "features", "--data", str(train), "--out", str(model),
              *[arg for prefix in ("CR_", *args.threshold_skip_docs) for arg in ("--threshold-skip-docs", prefix)]],
             log)
-        t = threshold_of(model)
-        evaluate(work / f"queries-{r}-{h}.jsonl", model, t, work / f"run-{r}-{h}.jsonl", log)
+        t = default_threshold(model)
+        evaluate_at_default(work / f"queries-{r}-{h}.jsonl", model, t, CONFIGS, work / f"run-{r}-{h}.jsonl", log)
         pooled += read_jsonl(work / f"run-{r}-{h}.jsonl")
         print(f"cell {r}, half {h}: {len(cell)} queries, trained with {other[0]} half {other[1]}, t {t} "
               f"({time.perf_counter() - t0:.0f} s)", flush=True)
     all_queries = work / "queries.jsonl"
     write_jsonl(all_queries, [q for cell in by_cell.values() for q in cell])
     write_jsonl(work / "run-crossfit.jsonl", pooled)
-    evaluate(all_queries, args.baseline, threshold_of(args.baseline), work / "run-baseline.jsonl", log)
+    evaluate_at_default(all_queries, args.baseline, default_threshold(args.baseline), CONFIGS,
+                        work / "run-baseline.jsonl", log)
     print(f"\n{len(graded)} queries (pages graded 2), hybrid pools; load {os.getloadavg()[0]:.1f}")
     report("cross-fitted", work / "run-crossfit.jsonl", all_queries, args.samples, args.seed)
     report(f"baseline ({args.baseline.name})", work / "run-baseline.jsonl", all_queries, args.samples, args.seed)

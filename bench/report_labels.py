@@ -92,9 +92,9 @@ def queries(labels: Path, min_grade: int, batches: tuple[int, ...] | None = None
             question_only: bool = False, reworded: bool = False) -> list[dict]:
     """One query per (document, question) of the given batches, in file order;
     relevant: the pages graded at least ``min_grade``; ``partly_relevant_pages``: those
-    graded 1 below it (training leaves them out; evaluation counts them not relevant). A question without such a page
-    in a document is kept (a query without evidence: what the threshold returns for it
-    is measured too). ``question_only``: the answers left out; ``reworded``: each
+    graded 1 below it (training leaves them out; evaluation counts them not relevant). A
+    question without a relevant page in a document is kept (a query without evidence:
+    what the threshold returns for it is measured too). ``question_only``: the answers left out; ``reworded``: each
     answer as reworded (``answer_reworded``) where a row has one."""
     rows = [json.loads(line) for line in labels.read_text(encoding="utf-8").splitlines() if line.strip()]
     if batches is not None:

@@ -179,7 +179,7 @@ def train_command(
             # the index's stored page vectors are used for records of pages it holds (same numbers, faster)
             metadata = train_features(records, out, base_model=base_model, data_sha256=file_sha256(data), seed=seed,
                                       log=lambda m: typer.echo(m, err=True), backend=Context().backend,
-                                      threshold_skip_prefix=tuple(threshold_skip or ()),
+                                      threshold_skip_prefixes=tuple(threshold_skip or ()),
                                       memory_family_prefixes=tuple(memory_family or ()))
         except (FeatureModelError, EmbeddingError) as exc:
             raise fail(str(exc), EXIT_BAD_INPUT)

@@ -204,7 +204,7 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
                    data_sha256: str = "", regularisation: float = DEFAULT_REGULARISATION, seed: int = 0,
                    log: Callable[[str], None] = print, embedder=None,
                    answerless_copies: bool = True, backend=None,
-                   threshold_skip_prefix: str | Sequence[str] | None = None,
+                   threshold_skip_prefixes: Sequence[str] = (),
                    memory_family_prefixes: Sequence[str] = ()) -> ModelMetadata:
     """``backend``: an index holding the records' pages (doc_id, page): their window
     vectors are read from it instead of computed (same numbers, much faster), and
@@ -285,8 +285,7 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
     # evidence fell below the threshold (docs/BENCHMARKS.md, section 8p).
     foreign = np.asarray([r.source == FOREIGN_SOURCE for r in records], dtype=bool)
     # and each record counts as much as its weight says (a large source weighed down)
-    record_weights = np.asarray([1.0 if r.weight is None else r.weight for r in records])
-    fit_weights = (~foreign) * record_weights if foreign.any() or (record_weights != 1.0).any() else None
+    fit_weights = (~foreign) * np.asarray([1.0 if r.weight is None else r.weight for r in records])
     model = fit(x, labels, fit_weights, regularisation=regularisation)
     record_documents = {r.doc_id for r in records if r.doc_id and r.page}
     indexed = record_documents & {doc_id for _q, _a, doc_id in pages_of_documents}
@@ -312,8 +311,7 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
         metrics["out_of_fold"] = _oof_metrics(oof, hard)
         pools: dict[tuple[str, str], list[int]] = defaultdict(list)
         answered = any(r.answer.strip() for r in records)
-        skipped = ((threshold_skip_prefix,) if isinstance(threshold_skip_prefix, str)
-                   else tuple(threshold_skip_prefix or ()))
+        skipped = tuple(threshold_skip_prefixes)
         for i, r in enumerate(records):
             if skipped and (r.doc_id or "").startswith(skipped):
                 continue  # pools unlike a first stage's (e.g. ClimRetrieve: every page on-topic)
