@@ -219,6 +219,19 @@ def load_base_classifier(base: str, tokenizer, quantize: bool = True):
     return model
 
 
+def upcast_unquantized(model) -> None:
+    """fp32 for every weight a 4-bit base leaves unquantized (embeddings, norms, the
+    classification head), as peft's ``prepare_model_for_kbit_training`` does before
+    QLoRA training. Without it a reloaded model runs those layers in bf16, and its
+    margins drift from the ones its calibration was fitted on (measured on an H200:
+    held-out AUROC 0.832 at training, 0.819 after the reload; docs/BENCHMARKS.md 8z)."""
+    import torch
+
+    for param in model.parameters():
+        if param.dtype in (torch.float16, torch.bfloat16) and param.__class__.__name__ != "Params4bit":
+            param.data = param.data.to(torch.float32)
+
+
 def load_trained(directory: Path, device: str | None = None):
     """(model, tokenizer, metadata) of a directory written by `evidentia train`."""
     from peft import PeftModel
@@ -227,6 +240,8 @@ def load_trained(directory: Path, device: str | None = None):
     metadata = ModelMetadata.read(directory)
     tokenizer = load_tokenizer(metadata.base_model)
     base = load_base_classifier(metadata.base_model, tokenizer)
+    if getattr(base, "is_loaded_in_4bit", False):
+        upcast_unquantized(base)
     try:
         model = PeftModel.from_pretrained(base, str(directory))
     except (OSError, ValueError) as exc:

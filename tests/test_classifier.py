@@ -23,6 +23,7 @@ from evidentia.reranker.classifier_model import (
     load_tokenizer,
     load_trained,
     score_margins,
+    upcast_unquantized,
 )
 
 from tests.utils import tiny_models as tm
@@ -186,6 +187,19 @@ def test_absurdly_long_query_is_capped_at_half_so_the_page_fits(tokenizer):
 
 
 # --- calibration and metadata -----------------------------------------------------------
+
+
+def test_upcast_unquantized_gives_every_half_precision_weight_fp32(tmp_path_factory):
+    # what a reloaded 4-bit model needs to compute the margins it was calibrated on
+    # (the quantized weights themselves, bitsandbytes' Params4bit, stay as they are)
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(str(tm.base_model("llama", tmp_path_factory)),
+                                                               dtype=torch.bfloat16)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    upcast_unquantized(model)
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
 
 
 def test_calibration_probability():
