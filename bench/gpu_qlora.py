@@ -19,7 +19,7 @@ margins (the stored one when the reload computes the training-time margins),
 the latency of scoring a 20-page pool, and the CLI's exit code.
 
 Usage (on a CUDA machine with `pip install -e ".[gpu]"`):
-    python bench/gpu_qlora.py [--layers 4] [--steps 60] [--work DIR]
+    python bench/gpu_qlora.py [--layers 4] [--steps 60] [--work DIR] [--base-model PATH_OR_NAME]
 """
 
 from __future__ import annotations
@@ -46,10 +46,9 @@ def page_text(rng: random.Random, topic: list[str], words: int = 300) -> str:
     return " ".join(rng.choice(topic) if rng.random() < 0.125 else rng.choice(FILLER) for _ in range(words))
 
 
-def write_base(directory: Path, layers: int) -> int:
+def write_base(directory: Path, layers: int) -> None:
     """A Llama-architecture classifier (random weights, bf16) with Llama-3-8B's
-    layer shapes and a word-level tokenizer without a pad token, as Llama ships;
-    returns its parameter count."""
+    layer shapes and a word-level tokenizer without a pad token, as Llama ships."""
     import torch
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
     from transformers import LlamaConfig, LlamaForSequenceClassification, PreTrainedTokenizerFast
@@ -69,10 +68,8 @@ def write_base(directory: Path, layers: int) -> int:
     with torch.device("cuda"):  # random init of a billion weights takes minutes on a CPU
         model = LlamaForSequenceClassification(config).to(torch.bfloat16)
     model.save_pretrained(str(directory), safe_serialization=True)
-    n = sum(p.numel() for p in model.parameters())
     del model
     torch.cuda.empty_cache()
-    return n
 
 
 def records(n_docs: int, per_doc: int, seed: int = 0):
@@ -92,6 +89,8 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=4, help="decoder layers at Llama-3-8B's shapes (it has 32)")
     ap.add_argument("--steps", type=int, default=60, help="optimizer steps")
     ap.add_argument("--work", type=Path, default=None, help="folder for the base and trained models (default: a temporary one)")
+    ap.add_argument("--base-model", default=None, help="a real base instead (path or hub name, e.g. "
+                    "meta-llama/Meta-Llama-3-8B on a machine that has it): the same checks, --layers ignored")
     args = ap.parse_args()
 
     import torch
@@ -110,24 +109,33 @@ def main() -> int:
 
     from evidentia.reranker import classifier_model
     from evidentia.reranker.classifier import ClassifierReranker
-    from evidentia.reranker.classifier_model import load_base_classifier, load_tokenizer
+    from evidentia.reranker.classifier_model import load_base_classifier, load_tokenizer, parameter_count
     from evidentia.records import Candidate
     from evidentia.retriever.query import build_query
     from evidentia.training.dataset import write_records
     from evidentia.training.train import TrainParams, fit_calibration, train
 
     work = args.work or Path(tempfile.mkdtemp(prefix="evidentia-gpu-"))
-    base_dir, model_dir, cli_dir = work / "base", work / "trained", work / "trained-cli"
-    base_dir.mkdir(parents=True, exist_ok=True)
+    model_dir, cli_dir = work / "trained", work / "trained-cli"
+    work.mkdir(parents=True, exist_ok=True)
     result: dict = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
                     "transformers": transformers.__version__, "peft": peft.__version__,
-                    "bitsandbytes": bitsandbytes.__version__, "layers": args.layers}
-    t = time.perf_counter()
-    result["base_parameters"] = write_base(base_dir, args.layers)
-    result["write_base_s"] = round(time.perf_counter() - t, 1)
+                    "bitsandbytes": bitsandbytes.__version__}
+    if args.base_model:
+        base_dir = args.base_model
+        result["base_model"] = base_dir
+    else:
+        base_dir = work / "base"
+        base_dir.mkdir(exist_ok=True)
+        t = time.perf_counter()
+        result["base_model"] = f"random Llama, Llama-3-8B's layer shapes, {args.layers} layers"
+        write_base(base_dir, args.layers)
+        result["write_base_s"] = round(time.perf_counter() - t, 1)
+    base_dir = str(base_dir)
 
-    tokenizer = load_tokenizer(str(base_dir))
-    base = load_base_classifier(str(base_dir), tokenizer)
+    tokenizer = load_tokenizer(base_dir)
+    base = load_base_classifier(base_dir, tokenizer)
+    result["base_parameters"] = parameter_count(base)
     result["base_loaded_in_4bit"] = bool(getattr(base, "is_loaded_in_4bit", False))
     result["base_footprint_4bit_gib"] = round(base.get_memory_footprint() / 2**30, 3)
     result["base_footprint_bf16_gib"] = round(result["base_parameters"] * 2 / 2**30, 3)
@@ -141,7 +149,7 @@ def main() -> int:
                          eval_fraction=0.25, max_length=256)
     torch.cuda.reset_peak_memory_stats()
     log: list[str] = []
-    metadata = train(data, str(base_dir), model_dir, params, data_sha256=sha, log=log.append, progress=False)
+    metadata = train(data, base_dir, model_dir, params, data_sha256=sha, log=log.append, progress=False)
     result["train_log"] = log
     result["peak_training_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
     m = metadata.metrics
@@ -203,7 +211,7 @@ def main() -> int:
 
     # the command a user runs, on the same records (two steps: it must train, write and report)
     cli = subprocess.run([sys.executable, "-m", "evidentia.cli", "train", "--data", str(records_path),
-                          "--base-model", str(base_dir), "--out", str(cli_dir), "--max-steps", "2",
+                          "--base-model", base_dir, "--out", str(cli_dir), "--max-steps", "2",
                           "--batch-size", "4"], capture_output=True, text=True,
                          cwd=work)  # not a checkout's root, whose evidentia/ folder would shadow the installed package
     result["cli_exit_code"] = cli.returncode

@@ -219,6 +219,16 @@ def load_base_classifier(base: str, tokenizer, quantize: bool = True):
     return model
 
 
+def parameter_count(model) -> int:
+    """Weights of the model: a 4-bit matrix counts its full shape (bitsandbytes packs
+    two weights in a byte, so its ``numel()`` is half of it)."""
+    total = 0
+    for param in model.parameters():
+        state = getattr(param, "quant_state", None)
+        total += state.shape.numel() if state is not None else param.numel()
+    return total
+
+
 def upcast_unquantized(model) -> None:
     """fp32 for every weight a 4-bit base leaves unquantized (embeddings, norms, the
     classification head), as peft's ``prepare_model_for_kbit_training`` does before

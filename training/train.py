@@ -37,6 +37,7 @@ from evidentia.reranker.classifier_model import (
     load_base_classifier,
     load_tokenizer,
     model_device,
+    parameter_count,
     score_margins,
 )
 from evidentia.runtime import set_torch_threads
@@ -166,7 +167,7 @@ def train(records: Sequence[TrainingRecord], base_model: str, out_dir: Path, par
     if not quantized:
         model.to(device)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    total = sum(p.numel() for p in model.parameters())
+    total = parameter_count(model)
     log(f"base {base_model}: {'4-bit NF4 (QLoRA)' if quantized else 'full precision'} on {device}; "
         f"trainable {trainable:,} of {total:,} parameters")
 
