@@ -233,8 +233,9 @@ def upcast_unquantized(model) -> None:
     """fp32 for every weight a 4-bit base leaves unquantized (embeddings, norms, the
     classification head), as peft's ``prepare_model_for_kbit_training`` does before
     QLoRA training. Without it a reloaded model runs those layers in bf16, and its
-    margins drift from the ones its calibration was fitted on (measured on an H200:
-    held-out AUROC 0.832 at training, 0.819 after the reload; docs/BENCHMARKS.md 8z)."""
+    margins are not the ones its calibration was fitted on (on an H200, the Platt fit
+    redone on the reloaded margins had a slope of 2.69 against the stored 4.47;
+    docs/BENCHMARKS.md 8z)."""
     import torch
 
     for param in model.parameters():

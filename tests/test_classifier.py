@@ -22,6 +22,7 @@ from evidentia.reranker.classifier_model import (
     encode_windows,
     load_tokenizer,
     load_trained,
+    parameter_count,
     score_margins,
     upcast_unquantized,
 )
@@ -200,6 +201,18 @@ def test_upcast_unquantized_gives_every_half_precision_weight_fp32(tmp_path_fact
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     upcast_unquantized(model)
     assert {p.dtype for p in model.parameters()} == {torch.float32}
+
+
+def test_parameter_count_counts_a_packed_4bit_matrix_at_its_full_shape():
+    from types import SimpleNamespace
+
+    import torch
+
+    layer = torch.nn.Linear(8, 4)  # 32 weights + 4 biases
+    assert parameter_count(layer) == 36
+    # bitsandbytes keeps a 4-bit matrix as bytes of two weights each, its shape in quant_state
+    layer.weight.quant_state = SimpleNamespace(shape=torch.Size([4, 16]))
+    assert parameter_count(layer) == 64 + 4
 
 
 def test_calibration_probability():
