@@ -12,13 +12,16 @@ about emissions against pages about the canteen, inside filler text), so a
 working path must reach a high held-out AUROC from a random base.
 
 Printed (JSON): versions, whether the base was loaded in 4 bits, trainable
-parameters, seconds per optimizer step, peak GPU memory in training, the 4-bit
-base's footprint against bf16, held-out AUROC at training time and after the
+parameters, seconds per optimizer step, peak GPU memory in training, the loaded
+base's footprint against bf16's, held-out AUROC at training time and after the
 reload, and the Platt calibration refitted on the reloaded model's held-out
 margins (the stored one when the reload computes the training-time margins),
 the latency of scoring a 20-page pool, and the CLI's exit code.
 
-Usage (on a CUDA machine with `pip install -e ".[gpu]"`):
+Without bitsandbytes (no `[gpu]` extra) the same code trains LoRA on the base in
+its own precision on the GPU: the bench then checks that path.
+
+Usage (on a CUDA machine; `pip install -e ".[gpu]"` for 4 bits):
     python bench/gpu_qlora.py [--layers 4] [--steps 60] [--work DIR] [--base-model PATH_OR_NAME]
 """
 
@@ -100,9 +103,9 @@ def main() -> int:
         return 2
     try:
         import bitsandbytes
-    except ImportError:
-        print('gpu_qlora: bitsandbytes is missing: pip install -e ".[gpu]"', file=sys.stderr)
-        return 2
+        bnb_version = bitsandbytes.__version__
+    except ImportError:  # the path of a GPU user without the [gpu] extra: LoRA on a full-precision base
+        bnb_version = None
     import peft
     import transformers
     from sklearn.metrics import roc_auc_score
@@ -120,7 +123,7 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     result: dict = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
                     "transformers": transformers.__version__, "peft": peft.__version__,
-                    "bitsandbytes": bitsandbytes.__version__}
+                    "bitsandbytes": bnb_version}
     if args.base_model:
         base_dir = args.base_model
         result["base_model"] = base_dir
@@ -137,7 +140,8 @@ def main() -> int:
     base = load_base_classifier(base_dir, tokenizer)
     result["base_parameters"] = parameter_count(base)
     result["base_loaded_in_4bit"] = bool(getattr(base, "is_loaded_in_4bit", False))
-    result["base_footprint_4bit_gib"] = round(base.get_memory_footprint() / 2**30, 3)
+    result["base_dtype"] = str(next(p.dtype for p in base.parameters() if p.dtype.is_floating_point))
+    result["base_footprint_gib"] = round(base.get_memory_footprint() / 2**30, 3)
     result["base_footprint_bf16_gib"] = round(result["base_parameters"] * 2 / 2**30, 3)
     del base
     torch.cuda.empty_cache()
