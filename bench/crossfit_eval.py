@@ -83,6 +83,11 @@ def run(cmd: list[str], log: Path, env: dict | None = None) -> None:
         sys.exit(f"failed ({done.returncode}): {' '.join(cmd)}; see {log}")
 
 
+def repeated(option: str, values) -> list[str]:
+    """``option`` once before each value: a repeatable CLI option's arguments."""
+    return [arg for value in values for arg in (option, value)]
+
+
 def default_threshold(model: Path) -> float:
     """The t the model chose for itself; a model whose training pools allow none is used
     with the shipped default, as the reranker would."""
@@ -132,8 +137,8 @@ def train_and_evaluate(k: int, domains: dict[str, list[dict]], folds: int, seed:
     (fold_dir / "train.jsonl").write_text("".join(records), encoding="utf-8")
     model = fold_dir / "model"
     run(["evidentia", "train", "--kind", "features", "--data", str(fold_dir / "train.jsonl"), "--out", str(model),
-         *[arg for prefix in ("CR_", *threshold_skip) for arg in ("--threshold-skip-docs", prefix)],
-         *[arg for prefix in memory_family for arg in ("--memory-family-docs", prefix)]], log)
+         *repeated("--threshold-skip-docs", ("CR_", *threshold_skip)),
+         *repeated("--memory-family-docs", memory_family)], log)
     t = default_threshold(model)
     env = {**os.environ, "EVIDENTIA_CLASSIFIER_MODEL": str(model)}
     for domain in domains:

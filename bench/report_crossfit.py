@@ -28,11 +28,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from crossfit_eval import (DEFAULT_T, default_threshold, evaluate_at_default, pool_statistics,  # noqa: E402
-                           read_jsonl, run, write_jsonl)
+                           read_jsonl, repeated, run, write_jsonl)
 from paired_bootstrap import compare, per_query  # noqa: E402
 from report_labels import LABELS, queries  # noqa: E402
 
-SHIPPED = Path(__file__).resolve().parents[1] / "reranker" / "models" / "relevance-features"
+from evidentia.reranker.classifier_model import SHIPPED_MODEL_DIR  # noqa: E402
+
 TRAINING_BATCHES = (1, 2, 3, 4, 5, 6)
 CONFIGS = ("hybrid", "hybrid+classifier")
 
@@ -79,7 +80,7 @@ def main() -> None:
     ap.add_argument("--record-weight", type=float, default=None, help="weight of the BHP records in the fit")
     ap.add_argument("--threshold-skip-docs", action="append", default=[],
                     help="documents whose pools do not choose a cell's t, besides CR_ (repeatable)")
-    ap.add_argument("--baseline", type=Path, default=SHIPPED, help="model compared on the same queries")
+    ap.add_argument("--baseline", type=Path, default=SHIPPED_MODEL_DIR, help="model compared on the same queries")
     ap.add_argument("--samples", type=int, default=10000)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
@@ -107,8 +108,7 @@ def main() -> None:
                          encoding="utf-8")
         model = work / f"model-{r}-{h}"
         run(["evidentia", "train", "--kind", "features", "--data", str(train), "--out", str(model),
-             *[arg for prefix in ("CR_", *args.threshold_skip_docs) for arg in ("--threshold-skip-docs", prefix)]],
-            log)
+             *repeated("--threshold-skip-docs", ("CR_", *args.threshold_skip_docs))], log)
         t = default_threshold(model)
         evaluate_at_default(work / f"queries-{r}-{h}.jsonl", model, t, CONFIGS, work / f"run-{r}-{h}.jsonl", log)
         pooled += read_jsonl(work / f"run-{r}-{h}.jsonl")

@@ -108,7 +108,8 @@ def records_from_queries(queries: Iterable, engine: "Engine", negatives_per_quer
     backend = engine.backend
     for q in queries:
         # pages that answer in part are neither evidence nor negatives: never a record
-        seen = set(q.relevant) | set(q.partly_relevant)
+        judged = q.relevant | q.partly_relevant
+        seen = set(judged)
         for doc_id, page in sorted(q.relevant):
             p = backend.get_page(doc_id, page)
             if p is not None and p.text:
@@ -119,7 +120,7 @@ def records_from_queries(queries: Iterable, engine: "Engine", negatives_per_quer
             seen.add((c.doc_id, c.page))
             if taken >= negatives_per_query:
                 continue  # still seen: a document negative is a page the pool did not hold
-            if (c.doc_id, c.page) in q.relevant or (c.doc_id, c.page) in q.partly_relevant or not c.text:
+            if (c.doc_id, c.page) in judged or not c.text:
                 continue
             yield TrainingRecord(q.question, q.answer, c.text, 0, c.doc_id, c.page, "queries")
             taken += 1
