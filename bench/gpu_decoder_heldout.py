@@ -91,7 +91,7 @@ def run(args) -> int:
     import torch
     import transformers
 
-    from evidentia.evaluation.metrics import expected_calibration_error
+    from evidentia.evaluation.metrics import expected_calibration_error, precision_at_k
     from evidentia.reranker.classifier import ClassifierReranker
     from evidentia.training.dataset import read_records
     from evidentia.training.train import TrainParams, train
@@ -137,16 +137,18 @@ def run(args) -> int:
             by_set.setdefault(pool["set"], []).append((pages, probs, order))
     print(f"scored {sum(len(v) for v in by_set.values())} pools in {time.perf_counter() - t:.0f} s", flush=True)
     for name, pools in by_set.items():
-        p1 = [float(pages[order[0]]["relevant"]) for pages, _, order in pools]
-        p3 = [sum(pages[i]["relevant"] for i in order[:3]) / 3 for pages, _, order in pools]
-        h1 = [float(pages[0]["relevant"]) for pages, _, _ in pools]
-        h3 = [sum(p["relevant"] for p in pages[:3]) / 3 for pages, _, _ in pools]
+        summary: dict = {"set": name, "queries": len(pools)}
+        for k in (1, 3):
+            for config, ranked in (("hybrid", lambda pages, order: pages),
+                                   ("decoder", lambda pages, order: [pages[i] for i in order])):
+                scores = [precision_at_k([(p["doc_id"], p["page"]) for p in ranked(pages, order)],
+                                         {(p["doc_id"], p["page"]) for p in pages if p["relevant"]}, k)
+                          for pages, _, order in pools]
+                summary[f"{config}_p{k}"] = round(sum(scores) / len(scores), 3)
         probs = [p for _, ps, _ in pools for p in ps]
         labels = [int(p["relevant"]) for pages, _, _ in pools for p in pages]
-        print(json.dumps({"set": name, "queries": len(pools), "hybrid_p1": round(sum(h1) / len(h1), 3),
-                          "decoder_p1": round(sum(p1) / len(p1), 3), "hybrid_p3": round(sum(h3) / len(h3), 3),
-                          "decoder_p3": round(sum(p3) / len(p3), 3),
-                          "pool_ece": round(expected_calibration_error(probs, labels), 3)}), flush=True)
+        summary["pool_ece"] = round(expected_calibration_error(probs, labels), 3)
+        print(json.dumps(summary), flush=True)
     return 0
 
 
