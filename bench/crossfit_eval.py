@@ -112,7 +112,7 @@ def evaluate_at_default(queries: Path, model: Path, t: float, configs: tuple[str
 def train_and_evaluate(k: int, domains: dict[str, list[dict]], folds: int, seed: int, work: Path,
                        cr_fold_by: str = "company", foreign_negatives: int = DEFAULT_FOREIGN_NEGATIVES,
                        extra_records: tuple[Path, ...] = (), threshold_skip: tuple[str, ...] = (),
-                       memory_family: tuple[str, ...] = ()) -> float:
+                       memory_family: tuple[str, ...] = (), memory_exclude: tuple[str, ...] = ()) -> float:
     """Fold k: the README's dataset and train commands on the other folds, eval on
     fold k. Returns the model's default threshold. ``extra_records``: training records
     of documents outside both domains (the real reports' labels), in every fold."""
@@ -138,7 +138,7 @@ def train_and_evaluate(k: int, domains: dict[str, list[dict]], folds: int, seed:
     model = fold_dir / "model"
     run(["evidentia", "train", "--kind", "features", "--data", str(fold_dir / "train.jsonl"), "--out", str(model),
          *repeated("--threshold-skip-docs", ("CR_", *threshold_skip)),
-         *repeated("--memory-family-docs", memory_family)], log)
+         *repeated("--memory-family-docs", memory_family), *repeated("--memory-exclude-docs", memory_exclude)], log)
     t = default_threshold(model)
     env = {**os.environ, "EVIDENTIA_CLASSIFIER_MODEL": str(model)}
     for domain in domains:
@@ -221,6 +221,8 @@ def main() -> None:
                     help="documents whose pools do not choose a fold's t, besides CR_ (repeatable)")
     ap.add_argument("--memory-family-docs", action="append", default=[],
                     help="documents that share a memory fold in training (one company's reports; repeatable)")
+    ap.add_argument("--memory-exclude-docs", action="append", default=[],
+                    help="documents kept out of the question memory in training (repeatable)")
     args = ap.parse_args()
     domains = {"fb": read_jsonl(args.fb_queries), "cr": [q for f in args.cr_queries for q in read_jsonl(f)]}
     args.work.mkdir(parents=True, exist_ok=True)
@@ -229,7 +231,8 @@ def main() -> None:
     for k in range(args.folds):
         thresholds.append(train_and_evaluate(k, domains, args.folds, args.seed, args.work, args.cr_fold_by,
                                              args.foreign_negatives, tuple(args.extra_records),
-                                             tuple(args.threshold_skip_docs), tuple(args.memory_family_docs)))
+                                             tuple(args.threshold_skip_docs), tuple(args.memory_family_docs),
+                                             tuple(args.memory_exclude_docs)))
         print(f"fold {k + 1}/{args.folds}: default t {thresholds[-1]} ({time.perf_counter() - t0:.0f} s)", flush=True)
     print(f"\ncross-fitted by company (ClimRetrieve by {args.cr_fold_by}), {args.folds} folds (seed {args.seed}); "
           "each model's own default t: " + ", ".join(str(t) for t in thresholds)

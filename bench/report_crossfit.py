@@ -14,7 +14,7 @@ ECE of the pools, and the share of R@3 and of the pool kept at the default t.
 
     export EVIDENTIA_DATA_DIR=/tmp/evd      # the README's index, plus ../shared/data/csr-samples
     python bench/report_crossfit.py --base-records train.jsonl --work /tmp/report-crossfit \
-        [--record-weight 0.38] [--threshold-skip-docs BHP_]
+        [--record-weight 0.38] [--threshold-skip-docs BHP_] [--memory-exclude-docs BHP_]
 """
 
 from __future__ import annotations
@@ -80,6 +80,8 @@ def main() -> None:
     ap.add_argument("--record-weight", type=float, default=None, help="weight of the BHP records in the fit")
     ap.add_argument("--threshold-skip-docs", action="append", default=[],
                     help="documents whose pools do not choose a cell's t, besides CR_ (repeatable)")
+    ap.add_argument("--memory-exclude-docs", action="append", default=[],
+                    help="documents kept out of the question memory in a cell's training (repeatable)")
     ap.add_argument("--baseline", type=Path, default=SHIPPED_MODEL_DIR, help="model compared on the same queries")
     ap.add_argument("--samples", type=int, default=10000)
     ap.add_argument("--seed", type=int, default=0)
@@ -108,7 +110,8 @@ def main() -> None:
                          encoding="utf-8")
         model = work / f"model-{r}-{h}"
         run(["evidentia", "train", "--kind", "features", "--data", str(train), "--out", str(model),
-             *repeated("--threshold-skip-docs", ("CR_", *args.threshold_skip_docs))], log)
+             *repeated("--threshold-skip-docs", ("CR_", *args.threshold_skip_docs)),
+             *repeated("--memory-exclude-docs", args.memory_exclude_docs)], log)
         t = default_threshold(model)
         evaluate_at_default(work / f"queries-{r}-{h}.jsonl", model, t, CONFIGS, work / f"run-{r}-{h}.jsonl", log)
         pooled += read_jsonl(work / f"run-{r}-{h}.jsonl")

@@ -142,6 +142,39 @@ def test_training_never_shows_a_record_its_own_document_in_memory(embedder, tmp_
     assert memory is not None and memory.size == 2
 
 
+def test_documents_kept_out_of_memory_are_neither_remembered_nor_remembering(embedder, tmp_path, monkeypatch):
+    """--memory-exclude-docs: one company's reports teach what a page says; their
+    questions are no other supplier's, so they never enter the memory, and their
+    records are fitted as a new question's."""
+    from evidentia.reranker.features import FEATURE_NAMES
+    from evidentia.training import train_features as tf
+    from evidentia.training.dataset import TrainingRecord
+
+    seen = {}
+    real_fit = tf.fit
+
+    def capture(x, labels, *args, **kwargs):
+        seen["x"] = np.asarray(x)
+        return real_fit(x, labels, *args, **kwargs)
+
+    monkeypatch.setattr(tf, "fit", capture)
+    records = []
+    for d in range(6):
+        records.append(TrainingRecord(QUESTION, "", EVIDENCE + f" Site {d}.", 1, f"doc{d}", 1))
+        records.append(TrainingRecord(QUESTION, "", OTHER + f" Team {d}.", 0, f"doc{d}", 2))
+    once = "What share of the board is independent?"
+    for d in range(3):  # asked of three of one company's reports only
+        records.append(TrainingRecord(once, "", f"Seven of the nine directors are independent ({d}).", 1, f"BHP_{d}", 3))
+        records.append(TrainingRecord(QUESTION, "", EVIDENCE + f" Mine {d}.", 1, f"BHP_{d}", 4))
+    tf.train_features(records, tmp_path, data_sha256="0" * 64, log=lambda _m: None, embedder=embedder,
+                      memory_exclude_prefixes=("BHP_",))
+    known = seen["x"][:, FEATURE_NAMES.index("memory_known")]
+    assert known[12:].max() == 0.0  # not remembering, even the question every other document asks
+    assert known[:12].max() == 1.0  # the others still remember it from each other
+    memory = QuestionMemory.load(tmp_path)
+    assert memory is not None and memory.size == 1  # not remembered: the board question is not in the memory
+
+
 def test_memory_dropout_is_seeded_and_keeps_a_question_with_its_document():
     from evidentia.training import train_features as tf
     from evidentia.training.dataset import TrainingRecord

@@ -147,6 +147,10 @@ def train_command(
                                                       "id starts with this are one family (one company's reports): "
                                                       "their records' memory features come from other documents' "
                                                       "labels only; repeatable."),
+    memory_exclude: Optional[List[str]] = typer.Option(None, "--memory-exclude-docs", help="features: documents "
+                                                       "whose id starts with this are kept out of the question "
+                                                       "memory: not remembered, and trained as a new question's; "
+                                                       "repeatable."),
 ):
     """Train the classifier reranker: LoRA on all linear layers (4-bit QLoRA on a GPU), head fully trained;
     or (--kind features) the feature-based relevance model."""
@@ -180,7 +184,8 @@ def train_command(
             metadata = train_features(records, out, base_model=base_model, data_sha256=file_sha256(data), seed=seed,
                                       log=lambda m: typer.echo(m, err=True), backend=Context().backend,
                                       threshold_skip_prefixes=tuple(threshold_skip or ()),
-                                      memory_family_prefixes=tuple(memory_family or ()))
+                                      memory_family_prefixes=tuple(memory_family or ()),
+                                      memory_exclude_prefixes=tuple(memory_exclude or ()))
         except (FeatureModelError, EmbeddingError) as exc:
             raise fail(str(exc), EXIT_BAD_INPUT)
         typer.echo(json.dumps(metadata.metrics, indent=2))

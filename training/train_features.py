@@ -205,11 +205,16 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
                    log: Callable[[str], None] = print, embedder=None,
                    answerless_copies: bool = True, backend=None,
                    threshold_skip_prefixes: Sequence[str] = (),
-                   memory_family_prefixes: Sequence[str] = ()) -> ModelMetadata:
+                   memory_family_prefixes: Sequence[str] = (),
+                   memory_exclude_prefixes: Sequence[str] = ()) -> ModelMetadata:
     """``backend``: an index holding the records' pages (doc_id, page): their window
     vectors are read from it instead of computed (same numbers, much faster), and
     the document features of a record are computed over all pages of its document
-    (without it, each page stands alone as a one-page document)."""
+    (without it, each page stands alone as a one-page document). Documents whose id
+    starts with one of ``memory_exclude_prefixes`` are kept out of the question memory
+    both ways: their labels are not remembered, and their records are fitted as a new
+    question's (one company's reports, whose pages teach what a page says but whose
+    questions are no other supplier's)."""
     from evidentia.retriever.dense import PageEmbedder
 
     if not records:
@@ -241,7 +246,13 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
         documents = stored_document_source(backend)  # the document features: every page of a record's document
     groups = [r.doc_id or "" for r in records]
     # the memory holds the pages judged for a question in its own documents
-    entries = memory_entries([r for r in records if r.source != FOREIGN_SOURCE], extractor, vectors)
+    excluded_prefixes = tuple(memory_exclude_prefixes)
+
+    def unremembered(doc_id: str | None) -> bool:
+        return bool(excluded_prefixes) and (doc_id or "").startswith(excluded_prefixes)
+
+    entries = memory_entries([r for r in records if r.source != FOREIGN_SOURCE and not unremembered(r.doc_id)],
+                             extractor, vectors)
     x = np.zeros((len(records), len(FEATURE_NAMES)))
     pages_of_documents: dict[tuple[str, str, str], np.ndarray] = {}
     folds = fold_of_groups(document_families(records, memory_family_prefixes), MEMORY_FOLDS, seed)
@@ -267,11 +278,12 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
                                documents=pages_of_documents)
     # a new question in any domain, not only in the filings' (whose questions rarely repeat)
     # (and, as for a new question at search time, no query adapter: its columns are the plain cosine's)
-    dropped = _memory_dropped(records, MEMORY_DROPOUT, seed)
+    dropped = _memory_dropped(records, MEMORY_DROPOUT, seed) | np.asarray([unremembered(r.doc_id) for r in records],
+                                                                            dtype=bool)
     x[np.ix_(dropped, _MEMORY_COLUMNS)] = 0.0
     x[np.ix_(dropped, _ADAPTED_COLUMNS)] = x[np.ix_(dropped, _PLAIN_COLUMNS)]
     for (question, _answer, doc_id), rows in pages_of_documents.items():
-        if _drops_memory(question, doc_id, MEMORY_DROPOUT, seed):  # the document's pages go with its records
+        if _drops_memory(question, doc_id, MEMORY_DROPOUT, seed) or unremembered(doc_id):  # pages go with records
             rows[:, _MEMORY_COLUMNS] = 0.0
             rows[:, _ADAPTED_COLUMNS] = rows[:, _PLAIN_COLUMNS]
     memory = QuestionMemory.build([e for e, _g in entries])
