@@ -105,8 +105,8 @@ class SamplePdf:
 @pytest.fixture(autouse=True)
 def _isolated_data_dir(tmp_path, monkeypatch):
     """Nothing a test runs may touch the user's ~/.evidentia. Indexing skips page
-    embeddings (seconds of CPU per run) unless a test turns them on (tests/test_dense.py),
-    nor OCR (tests/test_ocr.py turns it on)."""
+    embeddings (seconds of CPU per run) unless a test turns them on (tests/retriever/test_dense.py),
+    nor OCR (tests/indexer/test_ocr.py turns it on)."""
     monkeypatch.setenv("EVIDENTIA_DATA_DIR", str(tmp_path / "evidentia-data"))
     monkeypatch.setenv("EVIDENTIA_DENSE", "off")
     monkeypatch.setenv("EVIDENTIA_OCR", "off")

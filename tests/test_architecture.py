@@ -1,5 +1,6 @@
 """The architecture, checked: no import cycle between the package's modules
-(imports inside functions included), and data flowing one way between the layers."""
+(imports inside functions included), data flowing one way between the layers, and
+tests laid out as the source is."""
 
 from __future__ import annotations
 
@@ -170,7 +171,7 @@ def test_no_test_module_imports_another():
     module can be read, run and moved on its own."""
     tests = ROOT / "tests"
     offenders = []
-    for path in sorted(tests.glob("test_*.py")):
+    for path in sorted(tests.rglob("test_*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
@@ -178,8 +179,20 @@ def test_no_test_module_imports_another():
             for name in names:
                 last = name.rpartition(".")[2]
                 if last.startswith("test_") or last in ("conftest",):
-                    offenders.append(f"{path.name} imports {name}")
+                    offenders.append(f"{path.relative_to(tests)} imports {name}")
     assert offenders == []
+
+
+def test_the_tests_mirror_the_source_tree():
+    """A layer's tests live in the folder of its name (tests/reranker/ for reranker/),
+    the top-level package's (evidentia/) at the root, the benchmarks' in tests/bench/:
+    the test of a module is found where the module is."""
+    tests = ROOT / "tests"
+    folders = {path.parent.relative_to(tests).as_posix() for path in tests.rglob("test_*.py")}
+    sources = {name for name in PACKAGES if name != "evidentia"} | {"bench"}
+    assert folders - {"."} <= sources, f"test folders without a source folder: {sorted(folders - {'.'} - sources)}"
+    for folder in folders - {"."}:
+        assert (tests / folder / "__init__.py").exists(), f"tests/{folder} needs an __init__.py (unique module names)"
 
 
 if __name__ == "__main__":  # pragma: no cover - `python tests/test_architecture.py` prints the findings

@@ -5,9 +5,10 @@ import importlib.util
 import json
 import re
 from collections import Counter
-from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+from tests.utils.paths import REPO
+
+BENCH = REPO / "bench"
 
 
 def _report_labels():

@@ -91,7 +91,7 @@ def test_calibrate_writes_the_fit_into_the_metadata_and_reports(tmp_path):
 def test_calibrate_never_reverses_the_models_order(tmp_path):
     """Pools on which the margin falls as relevance rises fit a < 0: the pages the
     model finds least relevant would come first. Refused, the model file untouched
-    (a features model: tests/test_features.py)."""
+    (a features model: tests/reranker/test_features.py)."""
     ModelMetadata(base_model="some/base", calibration=Calibration(1.0, 0.0)).write(tmp_path)
     before = (tmp_path / METADATA_FILE).read_text()
     with pytest.raises(CalibrationError, match="does not rise with relevance"):

@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import time
-from pathlib import Path
 
 import httpx
 import psutil
@@ -18,6 +17,7 @@ import pytest
 from tests.utils import hostile_pdfs as H
 from evidentia.samples import write_sample_report
 from tests.utils.server import Server
+from tests.utils.paths import REPO
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +26,7 @@ MEMORY_BOUND_MB = 1500  # server (dense off) + one 300 MB extraction child + a 2
 
 
 def bench_module():
-    path = Path(__file__).resolve().parents[1] / "bench" / "bench_hostile.py"
+    path = REPO / "bench" / "bench_hostile.py"
     spec = importlib.util.spec_from_file_location("bench_hostile", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -42,7 +42,7 @@ def test_hostile_uploads_never_take_the_server_down(tmp_path):
                # content caps lifted: the memory and time limits must hold on their own
                EVIDENTIA_MAX_PAGE_CONTENT_MB="100000", EVIDENTIA_MAX_DOCUMENT_CONTENT_MB="100000")
     files = {
-        # memory or time, whichever comes first on a loaded machine (each alone: tests/test_worker.py)
+        # memory or time, whichever comes first on a loaded machine (each alone: tests/indexer/test_worker.py)
         "bomb": (H.content_bomb(tmp_path / "bomb.pdf", inflated_mb=128), "(EVIDENTIA_EXTRACT_"),
         # ten pages sharing 512 MB of spaces: about a minute of parsing, no text, no memory
         "spaces": (H.shared_stream(tmp_path / "spaces.pdf", pages=10, inflated_mb=512, chunk=b" " * 4096),

@@ -1,5 +1,5 @@
 """Distilled labels (training/distill.py) against a real local OpenAI-compatible HTTP
-server (tests/fake_openai.py): request shape, answer parsing, hard and soft labels,
+server (tests/utils/fake_openai.py): request shape, answer parsing, hard and soft labels,
 failures, retries, the `evidentia distill` CLI, and training on soft labels.
 
 No real API is ever called; backoff sleeps are recorded, not waited."""
@@ -7,7 +7,6 @@ No real API is ever called; backoff sleeps are recorded, not waited."""
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -33,10 +32,10 @@ from evidentia.training.distill import (
     parse_judgement,
 )
 
-sys.path.insert(0, str(Path(__file__).parent))
 from tests.utils.fake_openai import FakeOpenAI, char_token_estimate, error, server, sleeps  # noqa: E402,F401  (fixtures)
 
 from tests.utils import tiny_models as tm  # noqa: E402
+from tests.utils.paths import SHARED_DATA  # noqa: E402
 from evidentia.engine import Engine
 
 # PEFT calls a transformers method that transformers 5 deprecates; not ours to fix.
@@ -352,11 +351,11 @@ def test_load_definitions(tmp_path):
         load_definitions(path)
 
 
-@pytest.mark.skipif(not (Path(__file__).parents[2] / "shared/data/climretrieve-train/question_definitions.jsonl")
+@pytest.mark.skipif(not (SHARED_DATA / "climretrieve-train/question_definitions.jsonl")
                     .exists(), reason="needs ../shared/data")
 @pytest.mark.shared_data
 def test_load_climretrieve_definitions():
-    path = Path(__file__).parents[2] / "shared/data/climretrieve-train/question_definitions.jsonl"
+    path = SHARED_DATA / "climretrieve-train/question_definitions.jsonl"
     first = json.loads(path.read_text(encoding="utf-8").split("\n", 1)[0])
     defs = load_definitions(path)
     assert len(defs) >= 10

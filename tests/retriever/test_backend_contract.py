@@ -5,7 +5,7 @@ when EVIDENTIA_ES_URL points at a cluster (each test gets its own index, deleted
 afterwards), e.g.::
 
     docker compose up -d elasticsearch
-    EVIDENTIA_ES_URL=http://localhost:9200 python -m pytest tests/test_backend_contract.py
+    EVIDENTIA_ES_URL=http://localhost:9200 python -m pytest tests/retriever/test_backend_contract.py
 
 The tail of the file unit-tests the Elasticsearch backend's pure helpers and its
 write protocol against a fake client, so those run without a cluster.
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import socket
-from pathlib import Path
 
 import pytest
 from elasticsearch import ConnectionError as ESConnectionError
@@ -28,12 +27,12 @@ from evidentia.retriever import elasticsearch_backend as esb
 from evidentia.retriever.base import BackendError, UnknownDocumentError
 from evidentia.text import LANGUAGES, keywords, tokens
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 # --- fixtures and builders -----------------------------------------------------
 from tests.utils.backends import backend  # noqa: E402,F401  (fixture)
 from tests.utils.fake_elasticsearch import FakeStoreClient  # noqa: E402
+from tests.utils.paths import REPO  # noqa: E402
 
 
 def page(doc_id: str, n: int, text: str, language: str | None = "en", raw_text: str | None = None) -> Page:

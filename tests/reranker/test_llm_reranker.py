@@ -1,4 +1,4 @@
-"""LLMReranker against a real local OpenAI-compatible HTTP server (tests/fake_openai.py).
+"""LLMReranker against a real local OpenAI-compatible HTTP server (tests/utils/fake_openai.py).
 
 No real API is ever called; backoff sleeps are recorded, not waited.
 """

@@ -1,5 +1,5 @@
 """Time bounds of the LLM reranker against a hostile OpenAI-compatible server on
-loopback (tests/fake_openai.py): hangs, drips, deep nesting, huge answers, and
+loopback (tests/utils/fake_openai.py): hangs, drips, deep nesting, huge answers, and
 sixty hung validations through the API while another tenant keeps working.
 
 Timeouts are short (about a second) so the file runs in seconds."""

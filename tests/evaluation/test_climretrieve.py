@@ -12,8 +12,9 @@ from evidentia.evaluation.climretrieve import (GLOSSARY, GLOSSARY_TERMS_PER_REPO
                                                labelled_pairs, load_reports, load_split, queries_of, report_group,
                                                write_pools, write_report_pdf)
 from evidentia.evaluation.queries import load_queries
+from tests.utils.paths import SHARED_DATA
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "climretrieve-train"
+SHARED = SHARED_DATA / "climretrieve-train"
 Q1, Q2 = "Does the company report climate scenarios?", "Does the company have a waste strategy?"
 
 
