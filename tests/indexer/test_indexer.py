@@ -259,8 +259,7 @@ def test_explicit_doc_id(multilingual_pdf, detector, backend):
     assert backend.get_page("custom id", 1).page == 1
 
 
-@pytest.fixture
-def fail_on_page_2(monkeypatch):
+def _break_page_2(monkeypatch):
     """Make PyMuPDF fail when the text of the second page (index 1) is read."""
     original = pymupdf.Page.get_text
 
@@ -270,6 +269,11 @@ def fail_on_page_2(monkeypatch):
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(pymupdf.Page, "get_text", get_text)
+
+
+@pytest.fixture
+def fail_on_page_2(monkeypatch):
+    _break_page_2(monkeypatch)
 
 
 def test_extraction_failure_leaves_nothing(multilingual_pdf, detector, backend, fail_on_page_2):
@@ -295,14 +299,7 @@ def test_extraction_failure_keeps_previous_version(multilingual_pdf, make_pdf, l
     new_version = make_pdf("multilingual-report.pdf", [language_pages["it"], language_pages["pt"],
                                                        language_pages["nl"]])
     assert new_version == multilingual_pdf.path
-    original = pymupdf.Page.get_text
-
-    def get_text(self, *args, **kwargs):
-        if self.number == 1:
-            raise RuntimeError("simulated read failure")
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(pymupdf.Page, "get_text", get_text)
+    _break_page_2(monkeypatch)
     summary = index_paths([new_version], backend, detector)
     assert summary.documents == 0 and len(summary.failures) == 1
 

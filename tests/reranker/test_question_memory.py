@@ -109,12 +109,21 @@ def test_features_of_a_remembered_question(embedder):
     assert new_question[0, columns].tolist() == [0.0, 0.0, 0.0]
 
 
-def test_training_never_shows_a_record_its_own_document_in_memory(embedder, tmp_path, monkeypatch):
-    """A question asked in one document only is unknown to that document's records
-    (its memory comes from the other folds); the saved memory remembers it."""
+def _six_documents_asking_one_question():
+    """Records of six documents that all ask QUESTION: one evidence page, one other."""
+    from evidentia.training.dataset import TrainingRecord
+
+    records = []
+    for d in range(6):
+        records.append(TrainingRecord(QUESTION, "", EVIDENCE + f" Site {d}.", 1, f"doc{d}", 1))
+        records.append(TrainingRecord(QUESTION, "", OTHER + f" Team {d}.", 0, f"doc{d}", 2))
+    return records
+
+
+def _memory_known_in_fit(records, tmp_path, embedder, monkeypatch, **options) -> np.ndarray:
+    """Trains on ``records``; the `memory_known` column the page fit was given."""
     from evidentia.reranker.features import FEATURE_NAMES
     from evidentia.training import train_features as tf
-    from evidentia.training.dataset import TrainingRecord
 
     seen = {}
     real_fit = tf.fit
@@ -124,14 +133,20 @@ def test_training_never_shows_a_record_its_own_document_in_memory(embedder, tmp_
         return real_fit(x, labels, *args, **kwargs)
 
     monkeypatch.setattr(tf, "fit", capture)
-    records = []
-    for d in range(6):
-        records.append(TrainingRecord(QUESTION, "", EVIDENCE + f" Site {d}.", 1, f"doc{d}", 1))
-        records.append(TrainingRecord(QUESTION, "", OTHER + f" Team {d}.", 0, f"doc{d}", 2))
+    tf.train_features(records, tmp_path, data_sha256="0" * 64, log=lambda _m: None, embedder=embedder, **options)
+    return seen["x"][:, FEATURE_NAMES.index("memory_known")]
+
+
+def test_training_never_shows_a_record_its_own_document_in_memory(embedder, tmp_path, monkeypatch):
+    """A question asked in one document only is unknown to that document's records
+    (its memory comes from the other folds); the saved memory remembers it."""
+    from evidentia.training import train_features as tf
+    from evidentia.training.dataset import TrainingRecord
+
+    records = _six_documents_asking_one_question()
     once = "What share of the board is independent?"
     records.append(TrainingRecord(once, "", "Seven of the nine directors are independent.", 1, "doc0", 3))
-    tf.train_features(records, tmp_path, data_sha256="0" * 64, log=lambda _m: None, embedder=embedder)
-    known = seen["x"][:, FEATURE_NAMES.index("memory_known")]
+    known = _memory_known_in_fit(records, tmp_path, embedder, monkeypatch)
     assert known[-1] == 0.0  # asked in doc0 only: doc0's records never see it
     # asked in every document: the other folds remember it, except for the (question,
     # document) pairs trained as if the question were new
@@ -146,29 +161,14 @@ def test_documents_kept_out_of_memory_are_neither_remembered_nor_remembering(emb
     """--memory-exclude-docs: one company's reports teach what a page says; their
     questions are no other supplier's, so they never enter the memory, and their
     records are fitted as a new question's."""
-    from evidentia.reranker.features import FEATURE_NAMES
-    from evidentia.training import train_features as tf
     from evidentia.training.dataset import TrainingRecord
 
-    seen = {}
-    real_fit = tf.fit
-
-    def capture(x, labels, *args, **kwargs):
-        seen["x"] = np.asarray(x)
-        return real_fit(x, labels, *args, **kwargs)
-
-    monkeypatch.setattr(tf, "fit", capture)
-    records = []
-    for d in range(6):
-        records.append(TrainingRecord(QUESTION, "", EVIDENCE + f" Site {d}.", 1, f"doc{d}", 1))
-        records.append(TrainingRecord(QUESTION, "", OTHER + f" Team {d}.", 0, f"doc{d}", 2))
+    records = _six_documents_asking_one_question()
     once = "What share of the board is independent?"
     for d in range(3):  # asked of three of one company's reports only
         records.append(TrainingRecord(once, "", f"Seven of the nine directors are independent ({d}).", 1, f"BHP_{d}", 3))
         records.append(TrainingRecord(QUESTION, "", EVIDENCE + f" Mine {d}.", 1, f"BHP_{d}", 4))
-    tf.train_features(records, tmp_path, data_sha256="0" * 64, log=lambda _m: None, embedder=embedder,
-                      memory_exclude_prefixes=("BHP_",))
-    known = seen["x"][:, FEATURE_NAMES.index("memory_known")]
+    known = _memory_known_in_fit(records, tmp_path, embedder, monkeypatch, memory_exclude_prefixes=("BHP_",))
     assert known[12:].max() == 0.0  # not remembering, even the question every other document asks
     assert known[:12].max() == 1.0  # the others still remember it from each other
     memory = QuestionMemory.load(tmp_path)
