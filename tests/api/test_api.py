@@ -7,9 +7,7 @@ of their own; tests that need other settings build their own app."""
 
 from __future__ import annotations
 
-import itertools
 import json
-import struct
 import threading
 import time
 from pathlib import Path
@@ -17,11 +15,9 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from evidentia.api.app import create_app
 from evidentia.tenants import internal_id
 from evidentia.store import store_path
 from evidentia.store import Store
-from evidentia.config import Settings
 from evidentia.reranker.base import Reranker, RerankResult, passthrough
 from evidentia.samples import SAMPLE_ANSWER, SAMPLE_QUESTION, SAMPLE_REPORT_PAGES, write_pdf, write_sample_report
 from evidentia.training.dataset import read_records

@@ -6,13 +6,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
-import socket
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
