@@ -65,8 +65,11 @@ def run_retrain(engine: "Engine", verdicts: Sequence[Verdict], base_data: Path |
     from evidentia.reranker.classifier_model import ModelMetadata
     from evidentia.reranker.model_registry import resolve_model_dir
 
+    from evidentia.training.train_features import TrainingRecipe
+
     settings = engine.settings
-    kind = options.kind or ModelMetadata.read(resolve_model_dir(settings)).extra.get("kind", "lora")
+    in_use = ModelMetadata.read(resolve_model_dir(settings))
+    kind = options.kind or in_use.extra.get("kind", "lora")
     base_records = read_records(base_data) if base_data else []
 
     def load(path: Path | None):
@@ -82,4 +85,6 @@ def run_retrain(engine: "Engine", verdicts: Sequence[Verdict], base_data: Path |
                    params=TrainParams(epochs=options.epochs, learning_rate=options.learning_rate,
                                       max_steps=options.max_steps),
                    held_out_fraction=options.held_out_fraction,
-                   ece_margin=options.ece_margin, log=log, kind=kind)
+                   ece_margin=options.ece_margin, log=log, kind=kind,
+                   # the base records are read as the model in use read them (its prefixes)
+                   recipe=TrainingRecipe.of_model(in_use.extra))

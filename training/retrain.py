@@ -23,6 +23,7 @@ One round:
 from __future__ import annotations
 
 import hashlib
+import json
 import tempfile
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from evidentia.training.train import TrainParams, train
 
 if TYPE_CHECKING:  # pragma: no cover
     from evidentia.engine import Engine
+    from evidentia.training.train_features import TrainingRecipe
 
 
 @dataclass(frozen=True)
@@ -97,9 +99,13 @@ def build_training_set(verdicts: Sequence[Verdict], base_records: Sequence[Train
                        stage: str = "bm25") -> SplitData:
     resolved = resolve_verdicts(verdicts)
     queries = verdict_queries(resolved)
-    docs = {d for q in queries for d in q.doc_ids} | {r.doc_id for r in base_records}
+    # Only documents with verdicts are split: the gate reads held-out verdicts alone, so
+    # a base document without any (the shipped model's filings and reports) holding
+    # out would only take its records from the candidate (a third of them, by hash)
+    docs = {d for q in queries for d in q.doc_ids}
     held_docs = {d for d in docs if held_out_document(d, held_out_fraction, seed)}
-    # a query touching any held-out document is held out: none of its pages may train
+    # a query touching any held-out document is held out: none of its pages may train,
+    # nor a base record of that document
     held = [q for q in queries if set(q.doc_ids) & held_docs]
     train_qs = [q for q in queries if not set(q.doc_ids) & held_docs]
     records: list[TrainingRecord] = [r for r in base_records if r.doc_id not in held_docs]
@@ -255,11 +261,13 @@ def retrain(verdicts: Sequence[Verdict], base_records: Sequence[TrainingRecord],
             registry: ModelRegistry, base_model: str,
             load_reranker: Callable[[Path | None], object], params: TrainParams = TrainParams(),
             held_out_fraction: float = 0.3, ece_margin: float = 0.02, seed: int = 0,
-            log: Callable[[str], None] = print, kind: str = "lora") -> RetrainResult:
+            log: Callable[[str], None] = print, kind: str = "lora",
+            recipe: "TrainingRecipe | None" = None) -> RetrainResult:
     """One retraining round. ``load_reranker(path)`` builds a ClassifierReranker with
     no threshold for a model directory (None: the current default model). ``kind``:
     ``lora`` fine-tunes ``base_model``; ``features`` fits the feature-based model
-    (training/train_features.py), which is calibrated as fitted (no pool calibration).
+    (training/train_features.py), which is calibrated as fitted (no pool calibration),
+    with ``recipe``'s document prefixes (those the model in use was trained with).
     The negatives, the pool calibration and the gate's pools come from the first stage
     the reranker sits behind (EVIDENTIA_STAGE: hybrid with dense retrieval on): judged
     behind BM25, good candidates of the default setup were turned down
@@ -273,10 +281,14 @@ def retrain(verdicts: Sequence[Verdict], base_records: Sequence[TrainingRecord],
         digest = write_records(data.train_records, data_file)
         out = Path(tmp) / "candidate"
         if kind == "features":
-            from evidentia.training.train_features import train_features
+            from evidentia.training.train_features import TrainingRecipe, train_features
+
+            recipe = recipe or TrainingRecipe()
+            if any(recipe.options().values()):
+                log(f"the recipe of the model in use: {json.dumps(recipe.to_dict())}")
 
             train_features(data.train_records, out, base_model=base_model, data_sha256=digest, seed=seed, log=log,
-                           backend=engine.backend)
+                           backend=engine.backend, **recipe.options())
             candidate = load_reranker(out)
         else:
             train(data.train_records, base_model, out, params, data_sha256=digest, log=log)

