@@ -64,7 +64,6 @@ def run_retrain(engine: "Engine", verdicts: Sequence[Verdict], base_data: Path |
     from evidentia.reranker.classifier import ClassifierReranker
     from evidentia.reranker.classifier_model import ModelMetadata
     from evidentia.reranker.model_registry import resolve_model_dir
-
     from evidentia.training.train_features import TrainingRecipe
 
     settings = engine.settings
