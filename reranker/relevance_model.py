@@ -357,8 +357,8 @@ def recall_at_thresholds(pools: Sequence[tuple[Sequence[float], Sequence[int]]],
 
 def choose_threshold(pools: Sequence[tuple[Sequence[float], Sequence[int]]], min_recall_kept: float = 0.9,
                      max_pool_share: float = 0.5, k: int = 3, confidence: float | None = THRESHOLD_CONFIDENCE,
-                     seed: int = 0, other_draws: Sequence[Sequence[tuple[Sequence[float], Sequence[int]]]] = ()
-                     ) -> ThresholdChoice:
+                     seed: int = 0, other_draws: Sequence[Sequence[tuple[Sequence[float], Sequence[int]]]] = (),
+                     groups: Sequence[str] | None = None) -> ThresholdChoice:
     """The highest t that keeps at least ``min_recall_kept`` of the unthresholded
     R@k while returning at most ``max_pool_share`` of the pool. ``pools``:
     (probabilities, 0/1 labels) per query, every page of the pool. With
@@ -367,7 +367,10 @@ def choose_threshold(pools: Sequence[tuple[Sequence[float], Sequence[int]]], min
     keeps the evidence of queries like these, not only of these; None: on the
     pools as given. ``other_draws``: the same queries' pools, in the same order,
     scored otherwise (other out-of-fold draws): each query's R@k and the pool share
-    are averaged over all draws before the rule reads them."""
+    are averaged over all draws before the rule reads them. ``groups``: a label per
+    pool (e.g. the base data and the analysts' verdicts); t must then keep
+    ``min_recall_kept`` of each group's R@k, so that many queries of one kind cannot
+    outvote a few of another, whose evidence t would hide."""
     grid = [round(x, 3) for x in np.arange(0.0, 0.501, 0.005)]
     recall, share = recall_at_thresholds(pools, grid, k)
     for draw in other_draws:
@@ -376,24 +379,37 @@ def choose_threshold(pools: Sequence[tuple[Sequence[float], Sequence[int]]], min
         more_recall, more_share = recall_at_thresholds(draw, grid, k)
         recall, share = recall + more_recall, share + more_share
     recall, share = recall / (1 + len(other_draws)), share / (1 + len(other_draws))
+    if groups is not None and len(groups) != len(pools):
+        raise ValueError("one group label per pool")
+    with_relevant = [g for g, (_probs, labels) in zip(groups or [""] * len(pools), pools) if sum(labels)]
     base = recall[0].mean() if recall.shape[1] else 0.0
-    resampled = None
-    if confidence is not None and recall.shape[1]:
-        rng = np.random.default_rng(seed)
-        draws = rng.integers(0, recall.shape[1], size=(_THRESHOLD_RESAMPLES, recall.shape[1]))
-        base_sums = recall[0][draws].sum(axis=1)
-        resampled = np.array([np.mean(recall[j][draws].sum(axis=1) >= min_recall_kept * base_sums - 1e-12)
-                              for j in range(len(grid))])
+    # per group: R@k kept at each t, and (with confidence) the share of resamples that keep enough
+    kept_by_group, resampled_by_group = [], []
+    for g, group in enumerate(sorted(set(with_relevant))):
+        columns = np.asarray([i for i, label in enumerate(with_relevant) if label == group])
+        part = recall[:, columns]
+        group_base = part[0].mean()
+        kept_by_group.append(part.mean(axis=1) / group_base if group_base else np.zeros(len(grid)))
+        if confidence is not None:
+            rng = np.random.default_rng(seed + g)  # seed + 0: one group draws as before groups existed
+            draws = rng.integers(0, len(columns), size=(_THRESHOLD_RESAMPLES, len(columns)))
+            base_sums = part[0][draws].sum(axis=1)
+            resampled_by_group.append(np.array([np.mean(part[j][draws].sum(axis=1) >= min_recall_kept * base_sums
+                                                         - 1e-12) for j in range(len(grid))]))
+    resampled = np.min(resampled_by_group, axis=0) if resampled_by_group else None
     sweep = []
     best = None
     for j, t in enumerate(grid):
         kept = recall[j].mean() / base if base else 0.0
         row = {"t": t, "R@3": round(float(recall[j].mean()) if recall.shape[1] else 0.0, 4),
                "recall_kept": round(float(kept), 4), "pool_share": round(float(share[j]), 4)}
+        if len(kept_by_group) > 1:
+            row["recall_kept_worst_group"] = round(float(min(k_g[j] for k_g in kept_by_group)), 4)
         if resampled is not None:
             row["resamples_kept"] = round(float(resampled[j]), 4)
         sweep.append(row)
-        sure = kept >= min_recall_kept if resampled is None else resampled[j] >= confidence
+        sure = bool(kept_by_group) and (all(k_g[j] >= min_recall_kept for k_g in kept_by_group) if resampled is None
+                                        else resampled[j] >= confidence)
         if sure and share[j] <= max_pool_share:
             best = (t, kept, share[j])
     if best is None:

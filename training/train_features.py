@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -234,7 +234,8 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
                    answerless_copies: bool = True, backend=None,
                    threshold_skip_prefixes: Sequence[str] = (),
                    memory_family_prefixes: Sequence[str] = (),
-                   memory_exclude_prefixes: Sequence[str] = ()) -> ModelMetadata:
+                   memory_exclude_prefixes: Sequence[str] = (),
+                   threshold_group: Callable[[str], str] | None = None) -> ModelMetadata:
     """``backend``: an index holding the records' pages (doc_id, page): their window
     vectors are read from it instead of computed (same numbers, much faster), and
     the document features of a record are computed over all pages of its document
@@ -242,7 +243,9 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
     starts with one of ``memory_exclude_prefixes`` are kept out of the question memory
     both ways: their labels are not remembered, and their records are fitted as a new
     question's (one company's reports, whose pages teach what a page says but whose
-    questions are no other supplier's)."""
+    questions are no other supplier's). ``threshold_group``: a query's group for the
+    threshold rule, from its document id (`evidentia retrain`: the base data and the
+    analysts' verdicts), so that t keeps the evidence of each (choose_threshold)."""
     from evidentia.retriever.dense import PageEmbedder
 
     if not records:
@@ -369,7 +372,9 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
             draws.append(calibrated_out_of_fold(logits_d, x, labels, groups, seed=draw_seed, best_logits=best_d))
         try:
             scored = [[(d[idx].tolist(), hard[idx].tolist()) for idx in pools.values()] for d in draws]
-            choice = choose_threshold(scored[0], other_draws=scored[1:])
+            pool_groups = ([threshold_group(records[idx[0]].doc_id or "") for idx in pools.values()]
+                           if threshold_group else None)
+            choice = choose_threshold(scored[0], other_draws=scored[1:], groups=pool_groups)
             model.threshold = choice.threshold
             metrics["threshold"] = {"t": choice.threshold, "recall_kept": choice.recall_kept,
                                     "pool_share": choice.pool_share, "queries": len(pools),
@@ -377,6 +382,8 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
                                     "chosen_on": "out-of-fold pools" + (
                                         " (documents " + ", ".join(f"{p}*" for p in skipped) + " left out)"
                                         if skipped else "")}
+            if pool_groups:
+                metrics["threshold"]["groups"] = dict(sorted(Counter(pool_groups).items()))
         except FeatureModelError as exc:
             log(f"no default threshold: {exc}")
     metadata = ModelMetadata(

@@ -762,6 +762,26 @@ def test_threshold_keeps_the_evidence_of_queries_like_these_by_default():
     assert choose_threshold(_pools(2), seed=3).threshold == two_late.threshold  # seeded, not luck
 
 
+def test_threshold_keeps_the_evidence_of_each_group_of_queries():
+    # 20 queries of one kind, their evidence at 0.6; 4 of another, at 0.1. Pooled, t = 0.5
+    # keeps 20 of 24 hits (83 %): too little; with 40 of the first kind it keeps 91 %, and
+    # the 4 lose all their evidence. By group, t must keep the 0.1 pages.
+    many = [([0.6, 0.3, 0.1] + [0.05] * 17, [1, 0, 0] + [0] * 17)] * 40
+    few = [([0.6, 0.3, 0.1] + [0.05] * 17, [0, 0, 1] + [0] * 17)] * 4
+    pooled = choose_threshold(many + few, confidence=None)
+    assert pooled.threshold == 0.5 and pooled.recall_kept == round(40 / 44, 4)
+    grouped = choose_threshold(many + few, confidence=None, groups=["base"] * 40 + ["feedback"] * 4)
+    assert grouped.threshold == 0.1 and grouped.recall_kept == 1.0
+    assert next(r for r in grouped.sweep if r["t"] == 0.5)["recall_kept_worst_group"] == 0.0
+    assert choose_threshold(many + few, groups=["base"] * 40 + ["feedback"] * 4).threshold == 0.1  # resampled too
+    # one group: the rule as before
+    assert choose_threshold(_pools(2), groups=["all"] * 20).threshold == choose_threshold(_pools(2)).threshold
+    with pytest.raises(ValueError):
+        choose_threshold(many, groups=["base"])
+    with pytest.raises(FeatureModelError):  # no query with evidence: no t
+        choose_threshold([([0.5] * 4, [0] * 4)], groups=["base"], confidence=None)
+
+
 def test_threshold_reads_each_querys_recall_averaged_over_draws():
     # the same pages, scored in two draws: four queries' evidence at 0.1 in the first,
     # at 0.6 in the second (its 0.6 page at 0.1 and a 0.3 page at 0.55). Averaged, those
