@@ -175,7 +175,7 @@ def train_command(
     if kind == "features":
         from evidentia.reranker.relevance_model import FeatureModelError
         from evidentia.retriever.dense import EmbeddingError
-        from evidentia.training.train_features import train_features
+        from evidentia.training.train_features import TrainingRecipe, train_features
 
         from evidentia.console import Context
 
@@ -183,9 +183,8 @@ def train_command(
             # the index's stored page vectors are used for records of pages it holds (same numbers, faster)
             metadata = train_features(records, out, base_model=base_model, data_sha256=file_sha256(data), seed=seed,
                                       log=lambda m: typer.echo(m, err=True), backend=Context().backend,
-                                      threshold_skip_prefixes=tuple(threshold_skip or ()),
-                                      memory_family_prefixes=tuple(memory_family or ()),
-                                      memory_exclude_prefixes=tuple(memory_exclude or ()))
+                                      recipe=TrainingRecipe(tuple(threshold_skip or ()), tuple(memory_family or ()),
+                                                            tuple(memory_exclude or ())))
         except (FeatureModelError, EmbeddingError) as exc:
             raise fail(str(exc), EXIT_BAD_INPUT)
         typer.echo(json.dumps(metadata.metrics, indent=2))

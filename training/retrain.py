@@ -284,7 +284,7 @@ def retrain(verdicts: Sequence[Verdict], base_records: Sequence[TrainingRecord],
             from evidentia.training.train_features import TrainingRecipe, train_features
 
             recipe = recipe or TrainingRecipe()
-            if any(recipe.options().values()):
+            if recipe != TrainingRecipe():
                 log(f"the recipe of the model in use: {json.dumps(recipe.to_dict())}")
 
             verdict_docs = {d for q in data.train_queries for d in q.doc_ids}
@@ -292,7 +292,7 @@ def retrain(verdicts: Sequence[Verdict], base_records: Sequence[TrainingRecord],
             # apart: 40 report queries graded page by page outvoted 34 filings' pooled,
             # and t rose from 0.07 to 0.195 (docs/BENCHMARKS.md 8ab)
             train_features(data.train_records, out, base_model=base_model, data_sha256=digest, seed=seed, log=log,
-                           backend=engine.backend, **recipe.options(),
+                           backend=engine.backend, recipe=recipe,
                            threshold_group=lambda doc_id: "verdicts" if doc_id in verdict_docs else "base")
             candidate = load_reranker(out)
         else:

@@ -221,26 +221,19 @@ class TrainingRecipe:
         saved = extra.get("recipe") or {}
         return cls(**{f.name: tuple(str(p) for p in saved.get(f.name, ())) for f in fields(cls)})
 
-    def options(self) -> dict:
-        """train_features' keyword arguments."""
-        return {"threshold_skip_prefixes": self.threshold_skip_docs,
-                "memory_family_prefixes": self.memory_family_docs,
-                "memory_exclude_prefixes": self.memory_exclude_docs}
-
 
 def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model: str = DEFAULT_EMBEDDER,
                    data_sha256: str = "", regularisation: float = DEFAULT_REGULARISATION, seed: int = 0,
                    log: Callable[[str], None] = print, embedder=None,
                    answerless_copies: bool = True, backend=None,
-                   threshold_skip_prefixes: Sequence[str] = (),
-                   memory_family_prefixes: Sequence[str] = (),
-                   memory_exclude_prefixes: Sequence[str] = (),
+                   recipe: TrainingRecipe = TrainingRecipe(),
                    threshold_group: Callable[[str], str] | None = None) -> ModelMetadata:
     """``backend``: an index holding the records' pages (doc_id, page): their window
     vectors are read from it instead of computed (same numbers, much faster), and
     the document features of a record are computed over all pages of its document
-    (without it, each page stands alone as a one-page document). Documents whose id
-    starts with one of ``memory_exclude_prefixes`` are kept out of the question memory
+    (without it, each page stands alone as a one-page document). ``recipe``: which
+    documents' pools do not choose t (threshold_skip_docs), which share a memory fold
+    (memory_family_docs), and which are kept out of the question memory (memory_exclude_docs)
     both ways: their labels are not remembered, and their records are fitted as a new
     question's (one company's reports, whose pages teach what a page says but whose
     questions are no other supplier's). ``threshold_group``: a query's group for the
@@ -277,7 +270,7 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
         documents = stored_document_source(backend)  # the document features: every page of a record's document
     groups = [r.doc_id or "" for r in records]
     # the memory holds the pages judged for a question in its own documents
-    excluded_prefixes = tuple(memory_exclude_prefixes)
+    excluded_prefixes = recipe.memory_exclude_docs
 
     def unremembered(doc_id: str | None) -> bool:
         return bool(excluded_prefixes) and (doc_id or "").startswith(excluded_prefixes)
@@ -286,7 +279,7 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
                              extractor, vectors)
     x = np.zeros((len(records), len(FEATURE_NAMES)))
     pages_of_documents: dict[tuple[str, str, str], np.ndarray] = {}
-    folds = fold_of_groups(document_families(records, memory_family_prefixes), MEMORY_FOLDS, seed)
+    folds = fold_of_groups(document_families(records, recipe.memory_family_docs), MEMORY_FOLDS, seed)
     # without folds the records' features are computed with no adapter, and the model keeps none
     adapter_pools = []
     if len(set(groups)) >= 2:
@@ -354,7 +347,7 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
         metrics["out_of_fold"] = _oof_metrics(oof, hard)
         pools: dict[tuple[str, str], list[int]] = defaultdict(list)
         answered = any(r.answer.strip() for r in records)
-        skipped = tuple(threshold_skip_prefixes)
+        skipped = recipe.threshold_skip_docs
         for i, r in enumerate(records):
             if skipped and (r.doc_id or "").startswith(skipped):
                 continue  # pools unlike a first stage's (e.g. ClimRetrieve: every page on-topic)
@@ -391,8 +384,7 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
         metrics=metrics,
         extra={"kind": KIND, "feature_model": model.to_dict(), "embedding": embedding_windows(),
                # how the records were read: `evidentia retrain` trains the next model the same way
-               "recipe": TrainingRecipe(tuple(threshold_skip_prefixes), tuple(memory_family_prefixes),
-                                        excluded_prefixes).to_dict(),
+               "recipe": recipe.to_dict(),
                "data_sha256": data_sha256, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                "train_records": len(records), "term_statistics": stats.to_dict()},
     )

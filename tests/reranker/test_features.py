@@ -1026,7 +1026,7 @@ def test_record_weights_reach_the_fit_and_skipped_documents_leave_the_threshold(
     monkeypatch.setattr(train_module, "fit", lambda x, labels, weights=None, **kw: seen.append(weights)
                         or real_fit(x, labels, weights, **kw))
     meta = train_module.train_features(weighted, tmp_path / "m", log=lambda _m: None, embedder=embedder,
-                                       threshold_skip_prefixes=("CR_", "BHP_"))
+                                       recipe=train_module.TrainingRecipe(threshold_skip_docs=("CR_", "BHP_")))
     final = np.asarray(seen[0])  # the model's own fit; the out-of-fold fits follow
     # each record trained with and without its answer: the weights follow the records
     per_record = {1.0: 0, 0.25: 0, 0.0: 0}

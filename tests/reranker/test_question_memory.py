@@ -162,13 +162,14 @@ def test_documents_kept_out_of_memory_are_neither_remembered_nor_remembering(emb
     questions are no other supplier's, so they never enter the memory, and their
     records are fitted as a new question's."""
     from evidentia.training.dataset import TrainingRecord
+    from evidentia.training.train_features import TrainingRecipe
 
     records = _six_documents_asking_one_question()
     once = "What share of the board is independent?"
     for d in range(3):  # asked of three of one company's reports only
         records.append(TrainingRecord(once, "", f"Seven of the nine directors are independent ({d}).", 1, f"BHP_{d}", 3))
         records.append(TrainingRecord(QUESTION, "", EVIDENCE + f" Mine {d}.", 1, f"BHP_{d}", 4))
-    known = _memory_known_in_fit(records, tmp_path, embedder, monkeypatch, memory_exclude_prefixes=("BHP_",))
+    known = _memory_known_in_fit(records, tmp_path, embedder, monkeypatch, recipe=TrainingRecipe(memory_exclude_docs=("BHP_",)))
     assert known[12:].max() == 0.0  # not remembering, even the question every other document asks
     assert known[:12].max() == 1.0  # the others still remember it from each other
     memory = QuestionMemory.load(tmp_path)
