@@ -9,7 +9,7 @@ subjects. These labels measure the rerankers on such documents.
 
 `bench/data/bhp_page_labels.jsonl` holds six batches of twelve questionnaire
 questions without an answer (1-5 and 7), each asked of each report alone (24 queries
-a batch), and one (6) of questions with the supplier's answer:
+a batch), and two (6, 8) of questions with the supplier's answer:
 - batch 1, the questions of `bench/short_pages.py`: every page that the hybrid pool
   (20 pages) returned for any of them, 71 pages (45 of the 48 of the 2020 Climate
   Change Report, 26 of the 27 of the Climate Transition Action Plan), each against
@@ -35,6 +35,13 @@ round later, the shipped model unchanged (section 8v).
   reports (900 grades) by six agents, one per sixth of the pages; written and graded
   before any result of section 8y, and measured once after its decision
   (docs/BENCHMARKS.md section 8y).
+- batch 8: twenty-four more (question, answer) pairs, twelve per report, written by one
+  agent from the report's text; graded by two others (one per report) on the pages of
+  each query's hybrid pool of 20 and the writer's pages, in page order, blind to the
+  ranking and to the writer's pages: 480 grades. Written and graded to test the
+  default threshold chosen on batches 1-7 and the other held-out pools, before any
+  score on them was computed (docs/BENCHMARKS.md section 8ac). Pages outside the
+  pool count as not relevant.
 
 Who graded: four LLM agents, each given a quarter of the pages, the twelve
 questions and this rubric, and nothing of any ranking or probability:
@@ -54,7 +61,7 @@ relevant.
         --compare hybrid,hybrid+cosine,hybrid+classifier,hybrid+classifier@0.07 --run-out run.jsonl
     python bench/paired_bootstrap.py --run run.jsonl --queries bhp-direct.jsonl --pair hybrid:hybrid+classifier
 
-`bench/data/financebench_heldout_labels.jsonl` (`--filings`) holds 96 questions on the
+`bench/data/financebench_heldout_labels.jsonl` (`--filings`) holds 144 questions on the
 17 filings of the six companies the shipped model never saw
 (training/splits/heldout.json), to measure it on more than financebench's 27
 held-out queries (docs/BENCHMARKS.md section 8w). Written after the model shipped by
@@ -68,10 +75,17 @@ computed from; 1: part of it; 0: not), every page that any of bm25, hybrid,
 hybrid+classifier (their top 5), dense and hybrid+cosine (top 3) returned for a
 question, with the writer's pages (`cited_by_writer`), in page order: 830 grades.
 Pages outside that pool count as not relevant, so P@1 and P@3 of those
-configurations are exact and recall is measured against the pooled pages.
+configurations are exact and recall is measured against the pooled pages. Batch 3:
+48 more (question, answer) pairs, written by three agents (five or six filings each)
+and graded by five others on the pages of each question's hybrid pool of 20 and the
+writer's, in page order, blind to the ranking: 920 grades. Written and graded to test
+the default threshold chosen on batches 1-2 and the other held-out pools, before any
+score on them was computed (docs/BENCHMARKS.md section 8ac); three of them have no
+page graded 2 (an answer whose parts are on different pages): they count in P@k as
+misses and are left out of R@k.
 
     EVIDENTIA_DATA_DIR=/tmp/evd evidentia index ../shared/data/financebench-dev/pdfs
-    python bench/report_labels.py --filings > fb-new.jsonl
+    python bench/report_labels.py --filings --batch 1 --batch 2 > fb-new.jsonl    # the 96 of section 8w
     EVIDENTIA_DATA_DIR=/tmp/evd evidentia eval --queries fb-new.jsonl --compare hybrid,hybrid+classifier ...
 """
 
@@ -83,8 +97,9 @@ import sys
 from pathlib import Path
 
 LABELS = Path(__file__).with_name("data") / "bhp_page_labels.jsonl"
-BATCHES = (1, 2, 3, 4, 5, 6, 7)
-ANSWERED_BATCHES = (6,)  # questions with the supplier's answer, each asked of one report
+BATCHES = (1, 2, 3, 4, 5, 6, 7, 8)
+ANSWERED_BATCHES = (6, 8)  # questions with the supplier's answer, each asked of one report
+POOL_GRADED_BATCHES = (8,)  # graded on the pages of the hybrid pool (and the writer's), not every page
 FILING_LABELS = Path(__file__).with_name("data") / "financebench_heldout_labels.jsonl"
 
 
@@ -131,8 +146,9 @@ def main() -> int:
     ap.add_argument("--batch", type=int, action="append",
                     help="BHP: 1, 2: the questions the model was chosen on; 3, 4: the confirmation of that choice; "
                          "5: written after the model shipped; 6: questions with the supplier's answer; "
-                         "7: written after them, measured once (section 8y). "
-                         "Filings: 1, long answers; 2, short ones (default: all)")
+                         "7: written after them, measured once (section 8y); 8: answered, graded on the hybrid "
+                         "pool, the threshold's test (section 8ac). "
+                         "Filings: 1, long answers; 2, short ones; 3, the threshold's test (default: all)")
     ap.add_argument("--question-only", action="store_true", help="leave the answers out of the queries")
     ap.add_argument("--reworded", action="store_true",
                     help="batch 6: the answers as reworded by another agent (the same facts, not the report's words)")

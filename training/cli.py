@@ -151,6 +151,10 @@ def train_command(
                                                        "whose id starts with this are kept out of the question "
                                                        "memory: not remembered, and trained as a new question's; "
                                                        "repeatable."),
+    threshold: Optional[float] = typer.Option(None, "--threshold", help="features: the default threshold t, "
+                                              "chosen on labelled validation pools (bench/threshold_validation.py), "
+                                              "instead of the out-of-fold rule's (still computed and recorded); "
+                                              "kept by `evidentia retrain`."),
 ):
     """Train the classifier reranker: LoRA on all linear layers (4-bit QLoRA on a GPU), head fully trained;
     or (--kind features) the feature-based relevance model."""
@@ -172,6 +176,8 @@ def train_command(
         raise fail(str(exc), EXIT_BAD_INPUT)
     if kind not in ("lora", "features"):
         raise fail("--kind must be lora or features")
+    if threshold is not None and (kind != "features" or not 0.0 < threshold < 1.0):
+        raise fail("--threshold is for --kind features, between 0 and 1")
     if kind == "features":
         from evidentia.reranker.relevance_model import FeatureModelError
         from evidentia.retriever.dense import EmbeddingError
@@ -184,7 +190,7 @@ def train_command(
             metadata = train_features(records, out, base_model=base_model, data_sha256=file_sha256(data), seed=seed,
                                       log=lambda m: typer.echo(m, err=True), backend=Context().backend,
                                       recipe=TrainingRecipe(tuple(threshold_skip or ()), tuple(memory_family or ()),
-                                                            tuple(memory_exclude or ())))
+                                                            tuple(memory_exclude or ()), threshold))
         except (FeatureModelError, EmbeddingError) as exc:
             raise fail(str(exc), EXIT_BAD_INPUT)
         typer.echo(json.dumps(metadata.metrics, indent=2))

@@ -22,7 +22,8 @@ training records (`evidentia dataset`): the CPU default of the classifier rerank
    documents, and the default threshold: the highest t keeping >= 90 % of the
    unthresholded R@3 of each query's pages, in 80 % of resamples of the queries,
    while returning at most half of them, each query's R@3 averaged over
-   ``THRESHOLD_DRAWS`` draws of the folds.
+   ``THRESHOLD_DRAWS`` draws of the folds; or, where the recipe gives one, a t
+   chosen on labelled validation pools (``TrainingRecipe.threshold``).
 
 Seconds of CPU apart from the bi-encoder (pages are embedded once, then cached).
 """
@@ -202,24 +203,34 @@ def memory_entries(records: Sequence[TrainingRecord], extractor: FeatureExtracto
 
 @dataclass(frozen=True)
 class TrainingRecipe:
-    """The document prefixes a features model was trained with (`evidentia train`'s
-    --threshold-skip-docs, --memory-family-docs, --memory-exclude-docs). They are part
-    of the model: saved with it, and reused by `evidentia retrain`, so that the next
-    model reads the same base records the same way (without the shipped model's CR_,
-    its threshold would be chosen on generated pools where every page is on-topic)."""
+    """How a features model was trained (`evidentia train`'s --threshold-skip-docs,
+    --memory-family-docs, --memory-exclude-docs document prefixes, and --threshold).
+    It is part of the model: saved with it, and reused by `evidentia retrain`, so that
+    the next model reads the same base records the same way (without the shipped
+    model's CR_, its threshold would be chosen on generated pools where every page is
+    on-topic). ``threshold``: the default t, chosen on labelled validation pools of
+    every kind of document (bench/threshold_validation.py) instead of by the
+    out-of-fold rule, which only sees the training filings' pools and left a report's
+    pool two-thirds returned (docs/BENCHMARKS.md 8ac). The probability is calibrated,
+    so the same t means the same for the next model; the rule still runs and is
+    recorded beside it."""
 
     threshold_skip_docs: tuple[str, ...] = ()
     memory_family_docs: tuple[str, ...] = ()
     memory_exclude_docs: tuple[str, ...] = ()
+    threshold: float | None = None
 
     def to_dict(self) -> dict:
-        return {k: list(v) for k, v in asdict(self).items()}
+        return {k: (v if k == "threshold" else list(v)) for k, v in asdict(self).items()
+                if k != "threshold" or v is not None}
 
     @classmethod
     def of_model(cls, extra: dict) -> "TrainingRecipe":
         """The recipe saved in a model's metadata (``extra``); none for a model without one."""
         saved = extra.get("recipe") or {}
-        return cls(**{f.name: tuple(str(p) for p in saved.get(f.name, ())) for f in fields(cls)})
+        prefixes = {f.name: tuple(str(p) for p in saved.get(f.name, ())) for f in fields(cls) if f.name != "threshold"}
+        threshold = saved.get("threshold")
+        return cls(**prefixes, threshold=None if threshold is None else float(threshold))
 
 
 def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model: str = DEFAULT_EMBEDDER,
@@ -379,6 +390,14 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
                 metrics["threshold"]["groups"] = dict(sorted(Counter(pool_groups).items()))
         except FeatureModelError as exc:
             log(f"no default threshold: {exc}")
+        if recipe.threshold is not None:
+            rule = metrics.pop("threshold", None)
+            model.threshold = recipe.threshold
+            metrics["threshold"] = {"t": recipe.threshold, "chosen_on": "validation pools of every kind of "
+                                    "document (the recipe's threshold; bench/threshold_validation.py)",
+                                    "out_of_fold_rule": rule}
+            log(f"default threshold {recipe.threshold:g} from the recipe (the out-of-fold rule's: "
+                f"{rule['t'] if rule else 'none'})")
     metadata = ModelMetadata(
         base_model=base_model,
         metrics=metrics,

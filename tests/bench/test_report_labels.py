@@ -40,6 +40,8 @@ def test_every_batch_grades_each_question_on_the_same_pages():
 
 def test_answered_batch_grades_every_page_of_its_report_against_each_answer():
     module = _report_labels()
+    every_page = tuple(b for b in module.ANSWERED_BATCHES if b not in module.POOL_GRADED_BATCHES)
+    assert every_page == (6,)
     rows = [json.loads(line) for line in module.LABELS.read_text(encoding="utf-8").splitlines() if line.strip()]
     pages_of = {}
     for r in rows:
@@ -47,23 +49,42 @@ def test_answered_batch_grades_every_page_of_its_report_against_each_answer():
             pages_of.setdefault(r["doc_id"], set()).add(r["page"])
     by_query: dict[tuple, list[dict]] = {}
     for r in rows:
-        if r["batch"] in module.ANSWERED_BATCHES:
+        if r["batch"] in every_page:
             by_query.setdefault((r["doc_id"], r["question"]), []).append(r)
     assert len(by_query) == 40 and {d for d, _q in by_query} == set(pages_of)
     for (doc_id, question), graded in by_query.items():
         assert {r["page"] for r in graded} == pages_of[doc_id], question
         assert len({r["answer"] for r in graded}) == 1 and graded[0]["answer"].strip()
         assert any(r["cited_by_writer"] for r in graded) and any(r["grade"] == 2 for r in graded)
-    answered = module.queries(module.LABELS, 2, module.ANSWERED_BATCHES)
-    bare = module.queries(module.LABELS, 2, module.ANSWERED_BATCHES, question_only=True)
+    answered = module.queries(module.LABELS, 2, every_page)
+    bare = module.queries(module.LABELS, 2, every_page, question_only=True)
     assert len(answered) == len(bare) == 40 and all(q["answer"] for q in answered)
     assert [q["answer"] for q in bare] == [""] * 40
     assert [q["relevant_pages"] for q in bare] == [q["relevant_pages"] for q in answered]
-    reworded = module.queries(module.LABELS, 2, module.ANSWERED_BATCHES, reworded=True)
+    reworded = module.queries(module.LABELS, 2, every_page, reworded=True)
     assert [q["relevant_pages"] for q in reworded] == [q["relevant_pages"] for q in answered]
     for a, r in zip(answered, reworded):  # the same facts in other words: every figure kept
         assert r["answer"] and r["answer"] != a["answer"]
         assert set(re.findall(r"\d+", a["answer"])) <= set(re.findall(r"\d+", r["answer"])), a["question"]
+
+
+def test_pool_graded_batch_grades_each_answer_on_its_pool_and_its_writers_pages():
+    """Batch 8, the threshold's test: each pair graded on the pages of its hybrid pool of
+    20 and the writer's, blind; twelve pairs a report, each with an answering page."""
+    module = _report_labels()
+    rows = [json.loads(line) for line in module.LABELS.read_text(encoding="utf-8").splitlines() if line.strip()]
+    by_query: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r["batch"] in module.POOL_GRADED_BATCHES:
+            by_query.setdefault((r["doc_id"], r["question"]), []).append(r)
+    assert Counter(doc_id for doc_id, _q in by_query) == {"BHP_Climate_Change_Report_2020": 12,
+                                                        "BHP_Climate_Transition_Action_Plan": 12}
+    for (_doc_id, question), graded in by_query.items():
+        assert len(graded) >= 20, question  # the pool's 20 pages, and the writer's outside it
+        assert len({r["answer"] for r in graded}) == 1 and graded[0]["answer"].strip()
+        assert any(r["cited_by_writer"] for r in graded) and any(r["grade"] == 2 for r in graded)
+    found = module.queries(module.LABELS, 2, module.POOL_GRADED_BATCHES)
+    assert len(found) == 24 and all(q["answer"] and q["relevant_pages"] for q in found)
 
 
 def test_queries_take_the_pages_at_the_grade_asked():
@@ -107,7 +128,10 @@ def test_filing_queries_carry_answer_and_kind():
     for s, l in zip(strict, loose):
         assert s["answer"] and s["question_type"] and s["company"] != s["doc_id"]
         assert set(s["relevant_pages"]) <= set(l["relevant_pages"])
-    assert all(q["relevant_pages"] for q in strict)  # every question has a page that answers it
+    # every question of batches 1-2 has a page that answers it; of batch 3 (graded on the
+    # hybrid pool), three answers have their parts on different pages and none
+    assert all(q["relevant_pages"] for q in module.queries(module.FILING_LABELS, 2, (1, 2)))
+    assert sum(not q["relevant_pages"] for q in module.queries(module.FILING_LABELS, 2, (3,))) == 3
 
 
 def test_report_crossfit_scores_each_query_with_neither_its_report_nor_its_question_trained():

@@ -335,7 +335,10 @@ def test_retrain_trains_the_next_features_model_with_the_recipe_of_the_one_in_us
 
     shipped = TrainingRecipe.of_model(ModelMetadata.read(SHIPPED_MODEL_DIR).extra)
     assert shipped.threshold_skip_docs == ("CR_",)  # as the README's train command gave it
+    assert shipped.threshold == Settings().classifier_threshold  # its t, chosen on validation pools
     assert TrainingRecipe.of_model({}) == TrainingRecipe()  # a model from before recipes: none
+    assert "threshold" not in TrainingRecipe(("CR_",)).to_dict()  # a recipe without a t: the rule's
+    assert TrainingRecipe.of_model({"recipe": TrainingRecipe(("CR_",)).to_dict()}) == TrainingRecipe(("CR_",))
     backend, _detector, verdicts, base = _feedback_world(tmp_path)
     base = [TrainingRecord(r.question, r.answer, r.page_text, r.relevance, "CR_" + r.doc_id, r.page, r.source)
             for r in base]
@@ -346,3 +349,8 @@ def test_retrain_trains_the_next_features_model_with_the_recipe_of_the_one_in_us
     candidate = ModelMetadata.read(registry_for(settings.data_dir).get(result.version).path)
     assert candidate.extra["kind"] == "features"  # the kind in use
     assert TrainingRecipe.of_model(candidate.extra) == shipped
+    # the next model keeps the validated t (a calibrated probability means the same for it);
+    # the out-of-fold rule's own t is recorded beside it
+    assert candidate.extra["feature_model"]["threshold"] == shipped.threshold
+    assert candidate.metrics["threshold"]["t"] == shipped.threshold
+    assert "out_of_fold_rule" in candidate.metrics["threshold"]
