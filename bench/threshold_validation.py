@@ -30,7 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from evidentia.reranker.relevance_model import recall_at_thresholds
+from evidentia.reranker.relevance_model import (MAX_POOL_SHARE, MIN_RECALL_KEPT, THRESHOLD_CONFIDENCE,
+                                                recall_at_thresholds)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from threshold_rule import pools_of  # noqa: E402
@@ -51,8 +52,8 @@ def group_curves(pools, grid, resamples: int, min_recall_kept: float, seed: int)
     return kept, sure, share
 
 
-def lowest_threshold(groups, min_recall_kept: float = 0.9, max_pool_share: float = 0.5, confidence: float = 0.8,
-                     resamples: int = 1000, seed: int = 0):
+def lowest_threshold(groups, min_recall_kept: float = MIN_RECALL_KEPT, max_pool_share: float = MAX_POOL_SHARE,
+                     confidence: float = THRESHOLD_CONFIDENCE, resamples: int = 1000, seed: int = 0):
     """The lowest grid t meeting both goals in every group (None if none does), with
     each group's curves and, per grid t, whether it meets them."""
     curves = [group_curves(pools, GRID, resamples, min_recall_kept, seed + g) for g, pools in enumerate(groups)]
@@ -82,9 +83,9 @@ def main() -> None:
     ap.add_argument("--validate", action="append", required=True, help="NAME:RUN:QUERIES, one per group")
     ap.add_argument("--test", action="append", default=[], help="NAME:RUN:QUERIES, measured at the chosen t")
     ap.add_argument("--config", default="hybrid+classifier")
-    ap.add_argument("--min-recall-kept", type=float, default=0.9)
-    ap.add_argument("--max-pool-share", type=float, default=0.5)
-    ap.add_argument("--confidence", type=float, default=0.8)
+    ap.add_argument("--min-recall-kept", type=float, default=MIN_RECALL_KEPT)
+    ap.add_argument("--max-pool-share", type=float, default=MAX_POOL_SHARE)
+    ap.add_argument("--confidence", type=float, default=THRESHOLD_CONFIDENCE)
     ap.add_argument("--resamples", type=int, default=1000)
     ap.add_argument("--t", type=float, action="append", default=[], help="other thresholds to test")
     ap.add_argument("--seed", type=int, default=0)

@@ -17,6 +17,7 @@ from typing import Sequence
 from evidentia.evaluation import metrics, tables
 from evidentia.evaluation.queries import category_fields, category_of
 from evidentia.evaluation.runner import ConfigRun, pass_label, reliability
+from evidentia.reranker.relevance_model import MAX_POOL_SHARE, MIN_RECALL_KEPT
 
 SWEEP_K = 3
 
@@ -197,12 +198,23 @@ def write_report(directory: Path, summary: dict, config_runs: Sequence[ConfigRun
         sweep = summary["threshold_sweeps"][label]
         parts.append(f"<h3>{html.escape(label)}</h3>")
         parts.append(f"<p>P@{SWEEP_K} and R@{SWEEP_K} when keeping the pages whose probability is at least the "
-                     "threshold (dashed lines: the configured thresholds).</p>")
+                     "threshold (dashed lines: the configured thresholds). A threshold that replaces a fixed "
+                     f"top-k keeps at least {MIN_RECALL_KEPT:.0%} of the unthresholded R@{SWEEP_K} while returning "
+                     f"at most {MAX_POOL_SHARE:.0%} of the pool (last column).</p>")
         parts.append(_img(plot_sweep(label, sweep, thresholds, directory / f"{_slug('threshold-' + label, taken)}.png"),
                           f"{label} threshold sweep"))
-        sweep_table = (["threshold", f"P@{SWEEP_K}", f"R@{SWEEP_K}", "pages/query"],
-                       [[f"{r['threshold']:.2f}", tables.fmt("", r[f"P@{SWEEP_K}"]),
-                         tables.fmt("", r[f"R@{SWEEP_K}"]), tables.fmt("pages_per_query", r["pages_per_query"])]
+
+        def meets(r: dict) -> str:
+            kept, share = r.get(f"R@{SWEEP_K}_kept"), r.get("pool_share")
+            return "–" if kept is None or share is None else (
+                "yes" if kept >= MIN_RECALL_KEPT and share <= MAX_POOL_SHARE else "no")
+
+        sweep_table = (["threshold", f"P@{SWEEP_K}", f"R@{SWEEP_K}", f"R@{SWEEP_K} kept", "pool share", "pages/query",
+                        "both goals"],
+                       [[f"{r['threshold']:g}", tables.fmt("", r[f"P@{SWEEP_K}"]),
+                         tables.fmt("", r[f"R@{SWEEP_K}"]), tables.fmt("", r.get(f"R@{SWEEP_K}_kept")),
+                         tables.fmt("", r.get("pool_share")), tables.fmt("pages_per_query", r["pages_per_query"]),
+                         meets(r)]
                         for r in sweep])
         parts.append(_html_table(sweep_table))
         bins = reliability(runs[0])

@@ -182,16 +182,28 @@ def run_configs(queries: Sequence[EvalQuery], configs: Sequence[RunConfig], engi
 
 
 def threshold_sweep(config_run: ConfigRun, thresholds: Sequence[float] = SWEEP_THRESHOLDS, k: int = 3) -> list[dict]:
-    """P@k, R@k and pages per query for each threshold, from the unfiltered probabilities."""
+    """P@k, R@k and pages per query for each threshold, from the unfiltered
+    probabilities; with the two figures a default t is chosen by (the issue's goals:
+    keep >= 90 % of the unthresholded R@k, return <= half of the pool): ``R@k_kept``,
+    R@k at t over R@k unthresholded, and ``pool_share``, the pool pages returned."""
     rows = []
-    for t in thresholds:
+    pool_pages = sum(len(run.unfiltered or []) for run in config_run.runs)
+    unthresholded = None
+    for t in sorted({0.0, *thresholds}):
         p, r, n = [], [], []
         for run in config_run.runs:
             ranking = [(x.doc_id, x.page) for x in apply_threshold(run.unfiltered or [], t, run.fallback)]
             p.append(metrics.precision_at_k(ranking, run.relevant, k))
             r.append(metrics.recall_at_k(ranking, run.relevant, k))
             n.append(len(ranking))
-        rows.append({"threshold": t, f"P@{k}": metrics.mean_of(p), f"R@{k}": metrics.mean_of(r),
+        recall = metrics.mean_of(r)
+        if unthresholded is None:
+            unthresholded = recall
+        if t not in thresholds:
+            continue  # 0.0: only the base of R@k kept
+        rows.append({"threshold": t, f"P@{k}": metrics.mean_of(p), f"R@{k}": recall,
+                     f"R@{k}_kept": (recall / unthresholded if recall is not None and unthresholded else None),
+                     "pool_share": sum(n) / pool_pages if pool_pages else None,
                      "pages_per_query": metrics.mean_of(n)})
     return rows
 
@@ -231,7 +243,11 @@ def summarize(config_runs: Sequence[ConfigRun], queries: Sequence[EvalQuery], ks
     for c in config_runs:
         if c.probabilistic and c.pass_key not in seen:
             seen.add(c.pass_key)
-            summary["threshold_sweeps"][pass_label(c)] = threshold_sweep(c)
+            # the grid, and every threshold configured for this pass (e.g. the default t)
+            configured = {x.config.threshold for x in config_runs
+                          if x.pass_key == c.pass_key and x.config.threshold is not None}
+            summary["threshold_sweeps"][pass_label(c)] = threshold_sweep(
+                c, tuple(sorted(set(SWEEP_THRESHOLDS) | configured)))
     return summary
 
 

@@ -333,6 +333,12 @@ THRESHOLD_CONFIDENCE = 0.8
 _THRESHOLD_RESAMPLES = 1000
 
 
+# The threshold's goals (issue #13): a t that replaces a fixed top-k keeps at least
+# this share of the unthresholded R@3 while returning at most this share of the pool.
+MIN_RECALL_KEPT = 0.9
+MAX_POOL_SHARE = 0.5
+
+
 def recall_at_thresholds(pools: Sequence[tuple[Sequence[float], Sequence[int]]], thresholds: Sequence[float],
                          k: int = 3) -> tuple[np.ndarray, np.ndarray]:
     """R@k of each query with a relevant page (columns) when pages below each
@@ -355,8 +361,8 @@ def recall_at_thresholds(pools: Sequence[tuple[Sequence[float], Sequence[int]]],
     return recall[:, has_relevant], (kept_pages / total if total else np.zeros(len(thresholds)))
 
 
-def choose_threshold(pools: Sequence[tuple[Sequence[float], Sequence[int]]], min_recall_kept: float = 0.9,
-                     max_pool_share: float = 0.5, k: int = 3, confidence: float | None = THRESHOLD_CONFIDENCE,
+def choose_threshold(pools: Sequence[tuple[Sequence[float], Sequence[int]]], min_recall_kept: float = MIN_RECALL_KEPT,
+                     max_pool_share: float = MAX_POOL_SHARE, k: int = 3, confidence: float | None = THRESHOLD_CONFIDENCE,
                      seed: int = 0, other_draws: Sequence[Sequence[tuple[Sequence[float], Sequence[int]]]] = (),
                      groups: Sequence[str] | None = None) -> ThresholdChoice:
     """The highest t that keeps at least ``min_recall_kept`` of the unthresholded

@@ -308,6 +308,10 @@ def test_probability_configs_share_one_pass(env, probe):
     assert at[0.3]["P@3"] == pytest.approx(low["P@3"]) and at[0.3]["R@3"] == pytest.approx(low["R@3"])
     assert at[0.6]["pages_per_query"] == pytest.approx(high["pages_per_query"])
     assert at[0.0]["pages_per_query"] == pytest.approx(everything["pages_per_query"])
+    # what a default t is chosen by: R@3 kept of the unthresholded, share of the pool returned
+    assert at[0.0]["R@3_kept"] == pytest.approx(1.0) and at[0.0]["pool_share"] == pytest.approx(1.0)
+    assert at[0.6]["R@3_kept"] == pytest.approx(high["R@3"] / everything["R@3"])
+    assert at[0.6]["pool_share"] == pytest.approx(high["pages_per_query"] / everything["pages_per_query"])
 
     # the run file holds what was scored: probabilities, thresholded, best first
     lines = read_run(run_file)
@@ -327,7 +331,21 @@ def test_probability_configs_share_one_pass(env, probe):
                      "category-question-type.png"}
     for png in report.glob("*.png"):
         check_png(png)
-    assert (report / "index.html").read_text().count("data:image/png;base64,") == 4
+    page = (report / "index.html").read_text()
+    assert page.count("data:image/png;base64,") == 4
+    # the sweep's table says which thresholds meet the goals a default t is chosen by
+    assert "R@3 kept" in page and "pool share" in page and "both goals" in page
+
+
+def test_sweep_holds_every_configured_threshold_off_the_grid(env, probe):
+    tmp, pdfs, queries = env
+    result = invoke("--queries", queries, "--pdf-dir", pdfs, "--compare", "bm25+probe,bm25+probe@0.125", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    at = {row["threshold"]: row for row in data["threshold_sweeps"]["bm25+probe"]}
+    assert 0.125 in at and 0.1 in at and 0.15 in at  # the default t of the shipped model is not on the grid
+    assert at[0.125]["pages_per_query"] == pytest.approx(data["configs"]["bm25+probe@0.125"]["pages_per_query"])
+    assert at[0.15]["pool_share"] <= at[0.125]["pool_share"] <= at[0.1]["pool_share"]
 
 
 def test_probability_text_output(env, probe):
