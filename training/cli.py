@@ -151,6 +151,12 @@ def train_command(
                                                        "whose id starts with this are kept out of the question "
                                                        "memory: not remembered, and trained as a new question's; "
                                                        "repeatable."),
+    calibration_only: Optional[List[str]] = typer.Option(None, "--calibration-only-docs", help="features: "
+                                                         "records of documents whose id starts with this only set "
+                                                         "the document calibration (how probable such a "
+                                                         "document's pages are), scored as a new supplier's; the "
+                                                         "page model, memory and folds never see them; "
+                                                         "repeatable."),
     threshold: Optional[float] = typer.Option(None, "--threshold", help="features: the default threshold t, "
                                               "chosen on labelled validation pools (bench/threshold_validation.py), "
                                               "instead of the out-of-fold rule's (still computed and recorded); "
@@ -190,7 +196,8 @@ def train_command(
             metadata = train_features(records, out, base_model=base_model, data_sha256=file_sha256(data), seed=seed,
                                       log=lambda m: typer.echo(m, err=True), backend=Context().backend,
                                       recipe=TrainingRecipe(tuple(threshold_skip or ()), tuple(memory_family or ()),
-                                                            tuple(memory_exclude or ()), threshold))
+                                                            tuple(memory_exclude or ()),
+                                                            tuple(calibration_only or ()), threshold))
         except (FeatureModelError, EmbeddingError) as exc:
             raise fail(str(exc), EXIT_BAD_INPUT)
         typer.echo(json.dumps(metadata.metrics, indent=2))

@@ -218,6 +218,7 @@ class TrainingRecipe:
     threshold_skip_docs: tuple[str, ...] = ()
     memory_family_docs: tuple[str, ...] = ()
     memory_exclude_docs: tuple[str, ...] = ()
+    calibration_only_docs: tuple[str, ...] = ()
     threshold: float | None = None
 
     def to_dict(self) -> dict:
@@ -268,6 +269,17 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
     # threshold in 50 % of held-out pools instead of 40 % (docs/BENCHMARKS.md, section 8t).
     records = list(records) + [replace(r, question=r.question.lower()) for r in records
                                if r.source == FOREIGN_SOURCE and question_name(r.question) is not None]
+    # Records of --calibration-only-docs documents (labelled pools of a kind of document the
+    # page model must not learn from, e.g. one company's real reports) enter the document
+    # calibration alone: scored by the fitted model, as a new supplier's pages are, they
+    # set how probable such a document's pages are without moving any page's place in
+    # its document, the memory, the term statistics, the adapter or the folds.
+    calibration_only = [r for r in records if recipe.calibration_only_docs
+                        and (r.doc_id or "").startswith(recipe.calibration_only_docs)]
+    records = [r for r in records if not (recipe.calibration_only_docs
+                                          and (r.doc_id or "").startswith(recipe.calibration_only_docs))]
+    if not records:
+        raise FeatureModelError("no training records outside --calibration-only-docs")
     texts = {r.page_text for r in records}
     stats = TermStatistics.from_texts(sorted(texts))
     embedder = embedder or PageEmbedder(base_model, **embedding_windows())
@@ -353,7 +365,20 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
         # a filing's pages and a report's on one scale (CALIBRATION_FEATURES), and the
         # gap to the document's best page, judged out of fold twice over: logits of
         # models without the page's document, a calibration fitted without it
-        model = calibrate_documents(model, oof_logits, x, labels, oof_best)
+        if calibration_only:
+            extractor.memory, extractor.adapter = memory, adapter  # as at query time
+            pages_only: dict = {}
+            x_only = record_features(calibration_only, extractor, vector_source=vectors, document_source=documents,
+                                     documents=pages_only)
+            logits_only = model.logits(x_only)
+            best_only = record_best_logits(calibration_only, logits_only, pages_only, lambda _i, rows: model.logits(rows))
+            labels_only = [r.soft_label if r.soft_label is not None else float(r.relevance) for r in calibration_only]
+            model = calibrate_documents(model, np.concatenate([oof_logits, logits_only]), np.vstack([x, x_only]),
+                                        list(labels) + labels_only, np.concatenate([oof_best, best_only]))
+            metrics["calibration_only"] = {"records": len(calibration_only),
+                                           "positives": int(sum(r.relevance for r in calibration_only))}
+        else:
+            model = calibrate_documents(model, oof_logits, x, labels, oof_best)
         oof = calibrated_out_of_fold(oof_logits, x, labels, groups, seed=seed, best_logits=oof_best)
         metrics["out_of_fold"] = _oof_metrics(oof, hard)
         pools: dict[tuple[str, str], list[int]] = defaultdict(list)

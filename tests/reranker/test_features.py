@@ -1041,3 +1041,40 @@ def test_record_weights_reach_the_fit_and_skipped_documents_leave_the_threshold(
     plain = train_module.train_features(unweighted, tmp_path / "u", log=lambda _m: None, embedder=embedder)
     assert set(np.asarray(seen[0]).tolist()) <= {0.0, 1.0}
     assert plain.metrics["threshold"]["queries"] == 2 and plain.metrics["threshold"]["chosen_on"] == "out-of-fold pools"
+
+
+def test_calibration_only_records_move_a_documents_probabilities_never_its_order(embedder, tmp_path):
+    """Records of --calibration-only-docs documents (one company's real reports) enter the
+    document calibration alone: the page model, memory and term statistics are those of
+    the other records, so every page keeps its place in its document; what the labels of
+    those documents change is how probable a document's pages are."""
+    import evidentia.training.train_features as train_module
+    from evidentia.reranker.features import FeatureExtractor, TermStatistics
+    from evidentia.reranker.question_memory import QuestionMemory
+
+    records = []
+    for d in range(6):
+        doc = f"doc{d}"
+        records.append(TrainingRecord(QUESTION, ANSWER, CAPEX.replace("2018", str(2010 + d)), 1, doc, 1))
+        records.append(TrainingRecord(QUESTION, ANSWER, STAFF + f" Note {d}.", 0, doc, 2))
+        records.append(TrainingRecord(QUESTION, ANSWER, CONTENTS + f" Item {d}.", 0, doc, 3))
+    # a kind of document where the pages that read like evidence are not: every page graded 0
+    extra = [TrainingRecord(QUESTION, ANSWER, text, 0, f"BHP_{d}", p)
+             for d in range(3) for p, text in enumerate((CAPEX.replace("2018", "1999"), STAFF, CONTENTS), start=1)]
+    plain = train_module.train_features(records, tmp_path / "plain", log=lambda _m: None, embedder=embedder)
+    calibrated = train_module.train_features(
+        records + extra, tmp_path / "cal", log=lambda _m: None, embedder=embedder,
+        recipe=train_module.TrainingRecipe(calibration_only_docs=("BHP_",)))
+    assert calibrated.metrics["calibration_only"] == {"records": 2 * len(extra), "positives": 0}  # with answerless copies
+    assert calibrated.metrics["records"] == plain.metrics["records"]
+    assert calibrated.extra["term_statistics"] == plain.extra["term_statistics"]
+    assert calibrated.extra["recipe"]["calibration_only_docs"] == ["BHP_"]
+    a = FeatureModel.from_dict(plain.extra["feature_model"])
+    b = FeatureModel.from_dict(calibrated.extra["feature_model"])
+    extractor = FeatureExtractor(embedder, TermStatistics.from_dict(plain.extra["term_statistics"]))
+    extractor.memory = QuestionMemory.load(tmp_path / "plain")
+    pages = [(None, p, text) for p, text in enumerate((CAPEX, STAFF, CONTENTS, STAFF + " Capital spending."), 1)]
+    pool = extractor.pool_features(QUESTION, ANSWER, pages)
+    za, zb = a.pool_logits(pool), b.pool_logits(pool)
+    assert list(np.argsort(-za)) == list(np.argsort(-zb))  # the same order
+    assert not np.allclose(za, zb)  # other probabilities
