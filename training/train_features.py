@@ -204,7 +204,8 @@ def memory_entries(records: Sequence[TrainingRecord], extractor: FeatureExtracto
 @dataclass(frozen=True)
 class TrainingRecipe:
     """How a features model was trained (`evidentia train`'s --threshold-skip-docs,
-    --memory-family-docs, --memory-exclude-docs document prefixes, and --threshold).
+    --memory-family-docs, --memory-exclude-docs, --calibration-only-docs document
+    prefixes, and --threshold).
     It is part of the model: saved with it, and reused by `evidentia retrain`, so that
     the next model reads the same base records the same way (without the shipped
     model's CR_, its threshold would be chosen on generated pools where every page is
@@ -232,6 +233,10 @@ class TrainingRecipe:
         prefixes = {f.name: tuple(str(p) for p in saved.get(f.name, ())) for f in fields(cls) if f.name != "threshold"}
         threshold = saved.get("threshold")
         return cls(**prefixes, threshold=None if threshold is None else float(threshold))
+
+
+def _has_prefix(doc_id: str | None, prefixes: tuple[str, ...]) -> bool:
+    return bool(prefixes) and (doc_id or "").startswith(prefixes)
 
 
 def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model: str = DEFAULT_EMBEDDER,
@@ -274,10 +279,8 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
     # calibration alone: scored by the fitted model, as a new supplier's pages are, they
     # set how probable such a document's pages are without moving any page's place in
     # its document, the memory, the term statistics, the adapter or the folds.
-    calibration_only = [r for r in records if recipe.calibration_only_docs
-                        and (r.doc_id or "").startswith(recipe.calibration_only_docs)]
-    records = [r for r in records if not (recipe.calibration_only_docs
-                                          and (r.doc_id or "").startswith(recipe.calibration_only_docs))]
+    calibration_only = [r for r in records if _has_prefix(r.doc_id, recipe.calibration_only_docs)]
+    records = [r for r in records if not _has_prefix(r.doc_id, recipe.calibration_only_docs)]
     if not records:
         raise FeatureModelError("no training records outside --calibration-only-docs")
     texts = {r.page_text for r in records}
@@ -293,10 +296,8 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
         documents = stored_document_source(backend)  # the document features: every page of a record's document
     groups = [r.doc_id or "" for r in records]
     # the memory holds the pages judged for a question in its own documents
-    excluded_prefixes = recipe.memory_exclude_docs
-
     def unremembered(doc_id: str | None) -> bool:
-        return bool(excluded_prefixes) and (doc_id or "").startswith(excluded_prefixes)
+        return _has_prefix(doc_id, recipe.memory_exclude_docs)
 
     entries = memory_entries([r for r in records if r.source != FOREIGN_SOURCE and not unremembered(r.doc_id)],
                              extractor, vectors)
@@ -385,7 +386,7 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
         answered = any(r.answer.strip() for r in records)
         skipped = recipe.threshold_skip_docs
         for i, r in enumerate(records):
-            if skipped and (r.doc_id or "").startswith(skipped):
+            if _has_prefix(r.doc_id, skipped):
                 continue  # pools unlike a first stage's (e.g. ClimRetrieve: every page on-topic)
             if r.source == FOREIGN_SOURCE:
                 continue  # another document's pages: not in the pool of the query's own documents
@@ -415,14 +416,16 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
                 metrics["threshold"]["groups"] = dict(sorted(Counter(pool_groups).items()))
         except FeatureModelError as exc:
             log(f"no default threshold: {exc}")
-        if recipe.threshold is not None:
-            rule = metrics.pop("threshold", None)
-            model.threshold = recipe.threshold
-            metrics["threshold"] = {"t": recipe.threshold, "chosen_on": "validation pools of every kind of "
-                                    "document (the recipe's threshold; bench/threshold_validation.py)",
-                                    "out_of_fold_rule": rule}
-            log(f"default threshold {recipe.threshold:g} from the recipe (the out-of-fold rule's: "
-                f"{rule['t'] if rule else 'none'})")
+    elif calibration_only:
+        log("warning: one document outside --calibration-only-docs: no calibration, its records unused")
+    if recipe.threshold is not None:
+        rule = metrics.pop("threshold", None)
+        model.threshold = recipe.threshold
+        metrics["threshold"] = {"t": recipe.threshold, "chosen_on": "validation pools of every kind of "
+                                "document (the recipe's threshold; bench/threshold_validation.py)",
+                                "out_of_fold_rule": rule}
+        log(f"default threshold {recipe.threshold:g} from the recipe (the out-of-fold rule's: "
+            f"{rule['t'] if rule else 'none'})")
     metadata = ModelMetadata(
         base_model=base_model,
         metrics=metrics,
