@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import time
 
-import psutil
 from fastapi.testclient import TestClient
 
 from tests.utils import hostile_pdfs as H
+from tests.utils.processes import running
 from evidentia.tenants import internal_id
 from evidentia.store import Store
 from tests.utils.api import (
@@ -97,14 +97,6 @@ def test_hostile_uploads_fail_with_a_reason_and_leave_nothing_indexed(tmp_path):
             assert_error(c.get(f"/v1/documents/{name}/pages/1", headers=h), 409, "document_not_ready")
 
 
-def _running(pid: int) -> bool:
-    """The process exists and is not a zombie (it may exit between the two questions)."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 def test_delete_kills_the_running_extraction(tmp_path):
     spaces = H.spaces_bomb(tmp_path / "spaces.pdf", inflated_mb=512)  # seconds of parsing
     no_caps = dict(extract_timeout_s=120, max_page_content_mb=100_000, max_document_content_mb=100_000)
@@ -119,7 +111,7 @@ def test_delete_kills_the_running_extraction(tmp_path):
         [pid] = services.worker.running_pids()
         assert c.delete("/v1/documents/slow", headers=h).status_code == 204
         deadline = time.monotonic() + 5
-        while _running(pid):
+        while running(pid):
             assert time.monotonic() < deadline, "the extraction still runs after the delete"
             time.sleep(0.05)
         assert services.worker.running_pids() == []

@@ -9,10 +9,10 @@ import time
 import zlib
 from pathlib import Path
 
-import psutil
 import pytest
 
 from tests.utils import hostile_pdfs as H
+from tests.utils.processes import running
 from evidentia.indexer.pdf import PdfError
 from evidentia.indexer.worker import (
     BoundedCall,
@@ -108,7 +108,7 @@ def test_cancel_kills_the_child_at_once(tmp_path):
     thread.join(10)
     assert time.perf_counter() - t0 < 3
     assert outcome and outcome[0].kind == "cancelled"
-    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert not running(pid)
 
 
 @pytest.mark.parametrize("name, expected", [
