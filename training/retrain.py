@@ -131,15 +131,32 @@ class ModelScore:
     queries: int
     per_query_p3: tuple[float, ...] = ()  # P@3 of each held-out query, in the queries' order
     query_documents: tuple[str, ...] = ()  # the document of each (the first, for a query over several)
+    # at the threshold searches use (EVIDENTIA_CLASSIFIER_THRESHOLD): the share of the
+    # unthresholded R@3 kept and of the pool's pages returned (the threshold's goals)
+    threshold: float | None = None
+    recall_kept: float | None = None
+    pool_share: float | None = None
 
     def as_dict(self) -> dict:
-        return {"P@3": self.p_at_3, "R@3": self.r_at_3, "ECE": self.ece, "queries": self.queries}
+        out = {"P@3": self.p_at_3, "R@3": self.r_at_3, "ECE": self.ece, "queries": self.queries}
+        if self.threshold is not None:
+            out.update({"t": self.threshold, "R@3_kept_at_t": self.recall_kept, "pool_share_at_t": self.pool_share})
+        return out
+
+    def at_threshold(self) -> str:
+        """What t does to these queries, in words ('' without a threshold)."""
+        if self.threshold is None or self.pool_share is None:
+            return ""
+        kept = "no R@3 to keep" if self.recall_kept is None else f"keeps {self.recall_kept:.0%} of R@3"
+        return f"at t = {self.threshold:g} it {kept} and returns {self.pool_share:.0%} of the pool"
 
 
 def evaluate_model(reranker, queries: Sequence[EvalQuery], engine: "Engine", pool_size: int = 20,
-                   stage: str = "bm25") -> ModelScore:
-    """P@3/R@3 of the reranked ``stage`` pool (no threshold) and ECE over its pages."""
+                   stage: str = "bm25", threshold: float | None = None) -> ModelScore:
+    """P@3/R@3 of the reranked ``stage`` pool (no threshold) and ECE over its pages;
+    with ``threshold``, also the share of that R@3 it keeps and of the pages it returns."""
     p3, r3, probs, labels = [], [], [], []
+    r3_at_t, returned, pooled = [], 0, 0
     for q in queries:
         query = engine.query(q.question, q.answer)
         pages = reranker.rerank(query, first_stage_pool(engine, query, q.doc_ids, stage, pool_size)).pages
@@ -148,14 +165,21 @@ def evaluate_model(reranker, queries: Sequence[EvalQuery], engine: "Engine", poo
         r = recall_at_k(ranking, q.relevant, 3)
         if r is not None:
             r3.append(r)
+        if threshold is not None:
+            kept = [(p.doc_id, p.page) for p in pages if p.probability is None or p.probability >= threshold]
+            returned, pooled = returned + len(kept), pooled + len(pages)
+            if r is not None:
+                r3_at_t.append(recall_at_k(kept, q.relevant, 3))
         for p in pages:
             if p.probability is not None:
                 probs.append(p.probability)
                 labels.append(int((p.doc_id, p.page) in q.relevant))
     mean = lambda xs: round(sum(xs) / len(xs), 4) if xs else None  # noqa: E731
     ece = expected_calibration_error(probs, labels) if probs else None
+    kept_share = round(sum(r3_at_t) / sum(r3), 4) if threshold is not None and sum(r3) else None
     return ModelScore(mean(p3), mean(r3), round(ece, 4) if ece is not None else None, len(queries), tuple(p3),
-                      tuple(sorted(q.doc_ids)[0] if q.doc_ids else q.id for q in queries))
+                      tuple(sorted(q.doc_ids)[0] if q.doc_ids else q.id for q in queries), threshold, kept_share,
+                      round(returned / pooled, 4) if pooled else None)
 
 
 @dataclass
@@ -300,9 +324,14 @@ def retrain(verdicts: Sequence[Verdict], base_records: Sequence[TrainingRecord],
             candidate = load_reranker(out)
             calibrate_on_pools(candidate, out, data.train_queries, engine, log, stage=stage)
         production = registry.production()
-        cand_score = evaluate_model(candidate, data.held_out_queries, engine, stage=stage)
+        # what the threshold searches use does to the held-out documents: said, not gated on
+        t = engine.settings.classifier_threshold
+        cand_score = evaluate_model(candidate, data.held_out_queries, engine, stage=stage, threshold=t)
         prod_score = evaluate_model(load_reranker(production.path if production else None),
-                                    data.held_out_queries, engine, stage=stage)
+                                    data.held_out_queries, engine, stage=stage, threshold=t)
+        for name, score in (("candidate", cand_score), ("production", prod_score)):
+            if score.at_threshold():
+                log(f"{name} on the held-out queries: {score.at_threshold()}")
         decision = gate(cand_score, prod_score, ece_margin)
         entry = registry.register(out, note=decision.reason)
     registry_metrics = {"held_out": decision.candidate, "production_on_same_split": decision.production}

@@ -320,6 +320,12 @@ def test_retrain_round_with_the_features_kind(tmp_path):
     assert meta.extra["kind"] == "features" and "pool_calibration" not in meta.extra
     assert result.decision.candidate["queries"] == result.held_out_queries
     assert reg.production() is None or reg.production().version == "v0001"
+    # what the searches' threshold does to the held-out documents is kept with the decision
+    for score in (result.decision.candidate, result.decision.production):
+        assert score["t"] == Settings().classifier_threshold
+        assert 0.0 <= score["pool_share_at_t"] <= 1.0
+        assert score["R@3_kept_at_t"] is None or 0.0 <= score["R@3_kept_at_t"] <= 1.0
+    assert reg.get("v0001").metrics["held_out"]["pool_share_at_t"] == result.decision.candidate["pool_share_at_t"]
 
 
 def test_retrain_trains_the_next_features_model_with_the_recipe_of_the_one_in_use(tmp_path):
@@ -354,3 +360,31 @@ def test_retrain_trains_the_next_features_model_with_the_recipe_of_the_one_in_us
     assert candidate.extra["feature_model"]["threshold"] == shipped.threshold
     assert candidate.metrics["threshold"]["t"] == shipped.threshold
     assert "out_of_fold_rule" in candidate.metrics["threshold"]
+
+
+def test_the_gate_reports_what_the_threshold_does_to_the_held_out_queries(monkeypatch):
+    """At the searches' t: the share of the unthresholded R@3 kept and of the pool returned,
+    over every held-out query (said with the decision; the gate does not decide on it)."""
+    from evidentia.evaluation.queries import EvalQuery
+    from evidentia.records import Candidate, RankedPage
+    from evidentia.reranker.base import RerankResult
+
+    class Fixed:
+        """Pages 1-4 of each pool at probabilities 0.9, 0.3, 0.1, 0.05."""
+
+        def rerank(self, query, candidates):
+            return RerankResult([RankedPage(c.doc_id, c.page, 1.0, p) for c, p in zip(candidates, (0.9, 0.3, 0.1, 0.05))])
+
+    class Engine_:
+        def query(self, question, answer):
+            return (question, answer)
+
+    monkeypatch.setattr(rt, "first_stage_pool",
+                        lambda engine, query, doc_ids, stage, pool_size=20: [Candidate("d", p, 1.0, "") for p in (1, 2, 3, 4)])
+    queries = [EvalQuery("a", ("d",), "q a", "", frozenset({("d", 1), ("d", 3)})),  # 3 falls below t = 0.2
+               EvalQuery("b", ("d",), "q b", "", frozenset({("d", 2)}))]
+    score = rt.evaluate_model(Fixed(), queries, Engine_(), threshold=0.2)
+    # unthresholded R@3: a 1.0, b 1.0; at 0.2: a 0.5, b 1.0
+    assert score.recall_kept == 0.75 and score.pool_share == 0.5 and score.threshold == 0.2
+    assert score.at_threshold() == "at t = 0.2 it keeps 75% of R@3 and returns 50% of the pool"
+    assert "t" not in rt.evaluate_model(Fixed(), queries, Engine_()).as_dict()
