@@ -157,10 +157,11 @@ def train_command(
                                                          "document's pages are), scored as a new supplier's; the "
                                                          "page model, memory and folds never see them; "
                                                          "repeatable."),
-    threshold: Optional[float] = typer.Option(None, "--threshold", help="features: the default threshold t, "
+    threshold: Optional[float] = typer.Option(None, "--threshold", help="features: the model's threshold t, "
                                               "chosen on labelled validation pools (bench/threshold_validation.py), "
                                               "instead of the out-of-fold rule's (still computed and recorded); "
-                                              "kept by `evidentia retrain`."),
+                                              "kept by `evidentia retrain`. Searches use "
+                                              "EVIDENTIA_CLASSIFIER_THRESHOLD: set it to this t with the model."),
 ):
     """Train the classifier reranker: LoRA on all linear layers (4-bit QLoRA on a GPU), head fully trained;
     or (--kind features) the feature-based relevance model."""
