@@ -186,21 +186,21 @@ def threshold_sweep(config_run: ConfigRun, thresholds: Sequence[float] = SWEEP_T
     probabilities; with the two figures a default t is chosen by (the issue's goals:
     keep >= 90 % of the unthresholded R@k, return <= half of the pool): ``R@k_kept``,
     R@k at t over R@k unthresholded, and ``pool_share``, the pool pages returned."""
-    rows = []
-    pool_pages = sum(len(run.unfiltered or []) for run in config_run.runs)
-    unthresholded = None
-    for t in sorted({0.0, *thresholds}):
+    def at(t: float) -> tuple[list, list, list]:
         p, r, n = [], [], []
         for run in config_run.runs:
             ranking = [(x.doc_id, x.page) for x in apply_threshold(run.unfiltered or [], t, run.fallback)]
             p.append(metrics.precision_at_k(ranking, run.relevant, k))
             r.append(metrics.recall_at_k(ranking, run.relevant, k))
             n.append(len(ranking))
+        return p, r, n
+
+    pool_pages = sum(len(run.unfiltered or []) for run in config_run.runs)
+    unthresholded = metrics.mean_of(at(0.0)[1])
+    rows = []
+    for t in thresholds:
+        p, r, n = at(t)
         recall = metrics.mean_of(r)
-        if unthresholded is None:
-            unthresholded = recall
-        if t not in thresholds:
-            continue  # 0.0: only the base of R@k kept
         rows.append({"threshold": t, f"P@{k}": metrics.mean_of(p), f"R@{k}": recall,
                      f"R@{k}_kept": (recall / unthresholded if recall is not None and unthresholded else None),
                      "pool_share": sum(n) / pool_pages if pool_pages else None,

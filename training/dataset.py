@@ -58,6 +58,11 @@ class TrainingRecord:
         return json.dumps(data, ensure_ascii=False)
 
 
+def training_target(record: TrainingRecord) -> float:
+    """The probability of relevance a record is trained towards: its soft label, else 0 or 1."""
+    return float(record.soft_label) if record.soft_label is not None else float(record.relevance)
+
+
 class DatasetError(ValueError):
     """A training file that cannot be used; says which line and why."""
 

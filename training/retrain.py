@@ -65,9 +65,13 @@ def resolve_verdicts(verdicts: Iterable[Verdict]) -> dict[tuple[str, str, str, i
     return resolved
 
 
+def _held_out_share(doc_id: str, seed: int) -> float:
+    return stable_share(f"heldout:{seed}:{doc_id}")
+
+
 def held_out_document(doc_id: str, fraction: float, seed: int = 0) -> bool:
     """Stable per document: the same answer in every round, whatever else changes."""
-    return stable_share(f"heldout:{seed}:{doc_id}") < fraction
+    return _held_out_share(doc_id, seed) < fraction
 
 
 def held_out_documents(docs: Iterable[str], fraction: float, seed: int = 0) -> set[str]:
@@ -83,7 +87,7 @@ def held_out_documents(docs: Iterable[str], fraction: float, seed: int = 0) -> s
     docs = sorted(set(docs))
     held = {d for d in docs if held_out_document(d, fraction, seed)}
     if not held and docs and fraction > 0:
-        held = {min(docs, key=lambda d: stable_share(f"heldout:{seed}:{d}"))}
+        held = {min(docs, key=lambda d: _held_out_share(d, seed))}
     return held
 
 

@@ -42,7 +42,7 @@ from evidentia.reranker.classifier_model import (
 )
 from evidentia.runtime import set_torch_threads
 from evidentia.text import keywords
-from evidentia.training.dataset import TrainingRecord, split_groups
+from evidentia.training.dataset import TrainingRecord, split_groups, training_target  # noqa: F401 (re-exported)
 
 
 @dataclass(frozen=True)
@@ -84,11 +84,6 @@ def best_window(tokenizer, record: TrainingRecord, windows: list[list[int]]) -> 
     def overlap(ids: list[int]) -> int:
         return len(wanted & set(keywords(tokenizer.decode(ids), None)))
     return max(windows, key=overlap)
-
-
-def training_target(record: TrainingRecord) -> float:
-    """The probability of relevance a record is trained towards: its soft label, else 0 or 1."""
-    return float(record.soft_label) if record.soft_label is not None else float(record.relevance)
 
 
 def _lora_model(model, params: TrainParams):

@@ -45,7 +45,7 @@ from evidentia.reranker.features import FEATURE_NAMES, FeatureExtractor, TermSta
 from evidentia.reranker.question_memory import MEMORY_FEATURE_NAMES, QuestionMemory
 from evidentia.reranker.relevance_model import (KIND, FeatureModelError, calibrate_documents, calibrated_out_of_fold,
                                                 choose_threshold, fit, fold_models, fold_of_groups)
-from evidentia.training.dataset import FOREIGN_SOURCE, TrainingRecord, stable_share
+from evidentia.training.dataset import FOREIGN_SOURCE, TrainingRecord, stable_share, training_target
 from evidentia.training.query_adapter import fit_query_adapter
 
 DEFAULT_EMBEDDER = "all-MiniLM-L6-v2"
@@ -145,7 +145,7 @@ def query_adapter_pools(records: Sequence[TrainingRecord], extractor: FeatureExt
     for (question, answer, doc_id), rows in by_pool.items():
         query_vec = extractor.query_vector(question, answer)
         windows = [extractor.page_windows(r.doc_id or None, r.page, r.page_text, vector_source) for r in rows]
-        labels = [r.soft_label if r.soft_label is not None else float(r.relevance) for r in rows]
+        labels = [training_target(r) for r in rows]
         out.append(((query_vec, windows, labels), doc_id))
     return out
 
@@ -195,7 +195,7 @@ def memory_entries(records: Sequence[TrainingRecord], extractor: FeatureExtracto
         seen.add(key)
         if r.question not in question_vectors:
             question_vectors[r.question] = extractor.question_vector(r.question)
-        relevant = (r.soft_label if r.soft_label is not None else float(r.relevance)) >= 0.5
+        relevant = training_target(r) >= 0.5
         windows = extractor.page_windows(r.doc_id or None, r.page, r.page_text, vector_source)
         out.append(((question_vectors[r.question], windows, relevant, r.question), r.doc_id or ""))
     return out
@@ -336,7 +336,7 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
             rows[:, _ADAPTED_COLUMNS] = rows[:, _PLAIN_COLUMNS]
     memory = QuestionMemory.build([e for e, _g in entries])
     adapter = fit_query_adapter([pool for pool, _doc in adapter_pools], log=log)
-    labels = [r.soft_label if r.soft_label is not None else float(r.relevance) for r in records]
+    labels = [training_target(r) for r in records]
     hard = np.asarray([r.relevance for r in records])
     # Foreign documents' pages (training/dataset.py) are left out of the page model's fit
     # and enter the document calibration only, where the document's coverage of the query
@@ -366,6 +366,7 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
         # a filing's pages and a report's on one scale (CALIBRATION_FEATURES), and the
         # gap to the document's best page, judged out of fold twice over: logits of
         # models without the page's document, a calibration fitted without it
+        fit_logits, fit_x, fit_labels, fit_best = oof_logits, x, list(labels), oof_best
         if calibration_only:
             extractor.memory, extractor.adapter = memory, adapter  # as at query time
             pages_only: dict = {}
@@ -373,13 +374,12 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
                                      documents=pages_only)
             logits_only = model.logits(x_only)
             best_only = record_best_logits(calibration_only, logits_only, pages_only, lambda _i, rows: model.logits(rows))
-            labels_only = [r.soft_label if r.soft_label is not None else float(r.relevance) for r in calibration_only]
-            model = calibrate_documents(model, np.concatenate([oof_logits, logits_only]), np.vstack([x, x_only]),
-                                        list(labels) + labels_only, np.concatenate([oof_best, best_only]))
+            fit_logits, fit_x = np.concatenate([oof_logits, logits_only]), np.vstack([x, x_only])
+            fit_labels += [training_target(r) for r in calibration_only]
+            fit_best = np.concatenate([oof_best, best_only])
             metrics["calibration_only"] = {"records": len(calibration_only),
                                            "positives": int(sum(r.relevance for r in calibration_only))}
-        else:
-            model = calibrate_documents(model, oof_logits, x, labels, oof_best)
+        model = calibrate_documents(model, fit_logits, fit_x, fit_labels, fit_best)
         oof = calibrated_out_of_fold(oof_logits, x, labels, groups, seed=seed, best_logits=oof_best)
         metrics["out_of_fold"] = _oof_metrics(oof, hard)
         pools: dict[tuple[str, str], list[int]] = defaultdict(list)
