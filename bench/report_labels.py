@@ -9,7 +9,7 @@ subjects. These labels measure the rerankers on such documents.
 
 `bench/data/bhp_page_labels.jsonl` holds six batches of twelve questionnaire
 questions without an answer (1-5 and 7), each asked of each report alone (24 queries
-a batch), and two (6, 8) of questions with the supplier's answer:
+a batch), and three (6, 8, 9) of questions with the supplier's answer:
 - batch 1, the questions of `bench/short_pages.py`: every page that the hybrid pool
   (20 pages) returned for any of them, 71 pages (45 of the 48 of the 2020 Climate
   Change Report, 26 of the 27 of the Climate Transition Action Plan), each against
@@ -42,6 +42,10 @@ round later, the shipped model unchanged (section 8v).
   default threshold chosen on batches 1-7 and the other held-out pools, before any
   score on them was computed (docs/BENCHMARKS.md section 8ac). Pages outside the
   pool count as not relevant.
+- batch 9: twenty-four more, written the same way by two agents (one per report, told
+  to ask for nothing the 136 earlier questions asked), graded the same way by four
+  others (six pairs each): 480 grades, written and graded before any score on them
+  (docs/BENCHMARKS.md section 8ad). Every writer's page was in its pool.
 
 Who graded: four LLM agents, each given a quarter of the pages, the twelve
 questions and this rubric, and nothing of any ranking or probability:
@@ -97,9 +101,9 @@ import sys
 from pathlib import Path
 
 LABELS = Path(__file__).with_name("data") / "bhp_page_labels.jsonl"
-BATCHES = (1, 2, 3, 4, 5, 6, 7, 8)
-ANSWERED_BATCHES = (6, 8)  # questions with the supplier's answer, each asked of one report
-POOL_GRADED_BATCHES = (8,)  # graded on the pages of the hybrid pool (and the writer's), not every page
+BATCHES = (1, 2, 3, 4, 5, 6, 7, 8, 9)
+ANSWERED_BATCHES = (6, 8, 9)  # questions with the supplier's answer, each asked of one report
+POOL_GRADED_BATCHES = (8, 9)  # graded on the pages of the hybrid pool (and the writer's), not every page
 FILING_LABELS = Path(__file__).with_name("data") / "financebench_heldout_labels.jsonl"
 
 

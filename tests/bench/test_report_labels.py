@@ -69,22 +69,24 @@ def test_answered_batch_grades_every_page_of_its_report_against_each_answer():
 
 
 def test_pool_graded_batch_grades_each_answer_on_its_pool_and_its_writers_pages():
-    """Batch 8, the threshold's test: each pair graded on the pages of its hybrid pool of
-    20 and the writer's, blind; twelve pairs a report, each with an answering page."""
+    """Batches 8 and 9, the fresh tests: each pair graded on the pages of its hybrid pool
+    of 20 and the writer's, blind; twelve pairs a report, each with an answering page."""
     module = _report_labels()
+    assert module.POOL_GRADED_BATCHES == (8, 9)
     rows = [json.loads(line) for line in module.LABELS.read_text(encoding="utf-8").splitlines() if line.strip()]
-    by_query: dict[tuple, list[dict]] = {}
-    for r in rows:
-        if r["batch"] in module.POOL_GRADED_BATCHES:
-            by_query.setdefault((r["doc_id"], r["question"]), []).append(r)
-    assert Counter(doc_id for doc_id, _q in by_query) == {"BHP_Climate_Change_Report_2020": 12,
-                                                        "BHP_Climate_Transition_Action_Plan": 12}
-    for (_doc_id, question), graded in by_query.items():
-        assert len(graded) >= 20, question  # the pool's 20 pages, and the writer's outside it
-        assert len({r["answer"] for r in graded}) == 1 and graded[0]["answer"].strip()
-        assert any(r["cited_by_writer"] for r in graded) and any(r["grade"] == 2 for r in graded)
-    found = module.queries(module.LABELS, 2, module.POOL_GRADED_BATCHES)
-    assert len(found) == 24 and all(q["answer"] and q["relevant_pages"] for q in found)
+    for batch in module.POOL_GRADED_BATCHES:
+        by_query: dict[tuple, list[dict]] = {}
+        for r in rows:
+            if r["batch"] == batch:
+                by_query.setdefault((r["doc_id"], r["question"]), []).append(r)
+        assert Counter(doc_id for doc_id, _q in by_query) == {"BHP_Climate_Change_Report_2020": 12,
+                                                            "BHP_Climate_Transition_Action_Plan": 12}
+        for (_doc_id, question), graded in by_query.items():
+            assert len(graded) >= 20, question  # the pool's 20 pages, and the writer's outside it
+            assert len({r["answer"] for r in graded}) == 1 and graded[0]["answer"].strip()
+            assert any(r["cited_by_writer"] for r in graded) and any(r["grade"] == 2 for r in graded)
+        found = module.queries(module.LABELS, 2, (batch,))
+        assert len(found) == 24 and all(q["answer"] and q["relevant_pages"] for q in found)
 
 
 def test_queries_take_the_pages_at_the_grade_asked():
