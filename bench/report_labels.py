@@ -9,7 +9,7 @@ subjects. These labels measure the rerankers on such documents.
 
 `bench/data/bhp_page_labels.jsonl` holds six batches of twelve questionnaire
 questions without an answer (1-5 and 7), each asked of each report alone (24 queries
-a batch), and three (6, 8, 9) of questions with the supplier's answer:
+a batch), and four (6, 8, 9, 10) of questions with the supplier's answer:
 - batch 1, the questions of `bench/short_pages.py`: every page that the hybrid pool
   (20 pages) returned for any of them, 71 pages (45 of the 48 of the 2020 Climate
   Change Report, 26 of the 27 of the Climate Transition Action Plan), each against
@@ -46,6 +46,8 @@ round later, the shipped model unchanged (section 8v).
   to ask for nothing the 136 earlier questions asked), graded the same way by four
   others (six pairs each): 480 grades, written and graded before any score on them
   (docs/BENCHMARKS.md section 8ad). Every writer's page was in its pool.
+- batch 10: twenty-four more, written and graded as batch 9 (480 grades), to test a
+  calibration candidate of section 8ad chosen on batches 6-9, before any score on them.
 
 Who graded: four LLM agents, each given a quarter of the pages, the twelve
 questions and this rubric, and nothing of any ranking or probability:
@@ -65,7 +67,7 @@ relevant.
         --compare hybrid,hybrid+cosine,hybrid+classifier,hybrid+classifier@0.07 --run-out run.jsonl
     python bench/paired_bootstrap.py --run run.jsonl --queries bhp-direct.jsonl --pair hybrid:hybrid+classifier
 
-`bench/data/financebench_heldout_labels.jsonl` (`--filings`) holds 144 questions on the
+`bench/data/financebench_heldout_labels.jsonl` (`--filings`) holds 192 questions on the
 17 filings of the six companies the shipped model never saw
 (training/splits/heldout.json), to measure it on more than financebench's 27
 held-out queries (docs/BENCHMARKS.md section 8w). Written after the model shipped by
@@ -86,7 +88,9 @@ writer's, in page order, blind to the ranking: 920 grades. Written and graded to
 the default threshold chosen on batches 1-2 and the other held-out pools, before any
 score on them was computed (docs/BENCHMARKS.md section 8ac); three of them have no
 page graded 2 (an answer whose parts are on different pages): they count in P@k as
-misses and are left out of R@k.
+misses and are left out of R@k. Batch 4: 48 more, written and graded the same way (three
+writers, four graders, 913 grades), to test the calibration candidate of section 8ad
+before any score on them; five have no page graded 2.
 
     EVIDENTIA_DATA_DIR=/tmp/evd evidentia index ../shared/data/financebench-dev/pdfs
     python bench/report_labels.py --filings --batch 1 --batch 2 > fb-new.jsonl    # the 96 of section 8w
@@ -101,9 +105,9 @@ import sys
 from pathlib import Path
 
 LABELS = Path(__file__).with_name("data") / "bhp_page_labels.jsonl"
-BATCHES = (1, 2, 3, 4, 5, 6, 7, 8, 9)
-ANSWERED_BATCHES = (6, 8, 9)  # questions with the supplier's answer, each asked of one report
-POOL_GRADED_BATCHES = (8, 9)  # graded on the pages of the hybrid pool (and the writer's), not every page
+BATCHES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
+ANSWERED_BATCHES = (6, 8, 9, 10)  # questions with the supplier's answer, each asked of one report
+POOL_GRADED_BATCHES = (8, 9, 10)  # graded on the pages of the hybrid pool (and the writer's), not every page
 FILING_LABELS = Path(__file__).with_name("data") / "financebench_heldout_labels.jsonl"
 
 
