@@ -6,7 +6,6 @@ The same flow as bench/bench_hostile.py, on smaller files."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import time
 
@@ -17,7 +16,7 @@ import pytest
 from tests.utils import hostile_pdfs as H
 from evidentia.samples import write_sample_report
 from tests.utils.server import Server
-from tests.utils.paths import REPO
+from tests.utils.bench import bench_module
 
 pytestmark = pytest.mark.slow
 
@@ -25,16 +24,10 @@ ADMIN = "admin-secret-for-hostile-tests"
 MEMORY_BOUND_MB = 1500  # server (dense off) + one 300 MB extraction child + a 200 MB render child, with margin
 
 
-def bench_module():
-    path = REPO / "bench" / "bench_hostile.py"
-    spec = importlib.util.spec_from_file_location("bench_hostile", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_hostile_uploads_never_take_the_server_down(tmp_path):
-    bench = bench_module()
+    bench = bench_module("bench_hostile")
     env = {k: v for k, v in os.environ.items() if not k.startswith("EVIDENTIA_")}
     env.update(EVIDENTIA_DATA_DIR=str(tmp_path / "data"), EVIDENTIA_ADMIN_KEY=ADMIN, EVIDENTIA_DENSE="off",
                EVIDENTIA_EXTRACT_TIMEOUT_S="10", EVIDENTIA_EXTRACT_MEMORY_MB="300",

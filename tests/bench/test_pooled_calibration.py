@@ -1,23 +1,15 @@
 """bench/pooled_calibration.py: the ECE of several runs' pages together."""
 
-import importlib.util
 import json
-import sys
 
 import pytest
 
 from evidentia.evaluation.metrics import expected_calibration_error
-from tests.utils.paths import REPO
-
-BENCH = REPO / "bench"
+from tests.utils.bench import bench_module
 
 
 def _module():
-    sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location("pooled_calibration", BENCH / "pooled_calibration.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_module("pooled_calibration")
 
 
 def _write(tmp_path, name, rankings):

@@ -1,21 +1,15 @@
 """The real-report page labels (bench/data/bhp_page_labels.jsonl) and the queries
 bench/report_labels.py makes of them."""
 
-import importlib.util
 import json
 import re
 from collections import Counter
 
-from tests.utils.paths import REPO
-
-BENCH = REPO / "bench"
+from tests.utils.bench import BENCH, bench_module
 
 
 def _report_labels():
-    spec = importlib.util.spec_from_file_location("report_labels", BENCH / "report_labels.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_module("report_labels")
 
 
 def test_every_batch_grades_each_question_on_the_same_pages():
@@ -139,9 +133,7 @@ def test_filing_queries_carry_answer_and_kind():
 
 def test_report_crossfit_scores_each_query_with_neither_its_report_nor_its_question_trained():
     module = _report_labels()
-    spec = importlib.util.spec_from_file_location("report_crossfit", BENCH / "report_crossfit.py")
-    crossfit = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(crossfit)
+    crossfit = bench_module("report_crossfit")
     graded = module.queries(module.LABELS, 2, crossfit.TRAINING_BATCHES)
     assert 7 not in crossfit.TRAINING_BATCHES  # batch 7 is never trained on: the confirmation
     by_cell = crossfit.cells(graded)

@@ -1,20 +1,11 @@
 """bench/threshold_validation.py: the lowest t that meets both threshold goals in every
 kind of document."""
 
-import importlib.util
-import sys
-
-from tests.utils.paths import REPO
-
-BENCH = REPO / "bench"
+from tests.utils.bench import bench_module
 
 
 def _module():
-    sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location("threshold_validation", BENCH / "threshold_validation.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_module("threshold_validation")
 
 
 def _filing(i: int):
