@@ -42,7 +42,7 @@ from evidentia.reranker.classifier_model import (
 )
 from evidentia.runtime import set_torch_threads
 from evidentia.text import keywords
-from evidentia.training.dataset import TrainingRecord, split_groups, training_target  # noqa: F401 (re-exported)
+from evidentia.training.dataset import TrainingRecord, split_groups, training_target
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ import json
 import re
 from collections import Counter
 
-from tests.utils.bench import BENCH, bench_module
+from tests.utils.bench import bench_module
+from tests.utils.paths import REPO
 
 
 def _report_labels():
@@ -98,7 +99,7 @@ def test_queries_take_the_pages_at_the_grade_asked():
 def test_filing_labels_ask_only_of_held_out_filings():
     module = _report_labels()
     rows = [json.loads(line) for line in module.FILING_LABELS.read_text(encoding="utf-8").splitlines() if line.strip()]
-    split = json.loads((BENCH.parent / "training" / "splits" / "heldout.json").read_text(encoding="utf-8"))
+    split = json.loads((REPO / "training" / "splits" / "heldout.json").read_text(encoding="utf-8"))
     held_out = set(split["financebench-dev"]["held_out"])
     assert {row["company"] for row in rows} <= held_out  # no question on a filing the model trained on
     assert {row["grade"] for row in rows} <= {0, 1, 2}
