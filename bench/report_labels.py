@@ -105,9 +105,9 @@ import sys
 from pathlib import Path
 
 LABELS = Path(__file__).with_name("data") / "bhp_page_labels.jsonl"
-BATCHES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
-ANSWERED_BATCHES = (6, 8, 9, 10)  # questions with the supplier's answer, each asked of one report
-POOL_GRADED_BATCHES = (8, 9, 10)  # graded on the pages of the hybrid pool (and the writer's), not every page
+BATCHES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)
+ANSWERED_BATCHES = (6, 8, 9, 10, 11)  # questions with the supplier's answer, each asked of one report
+POOL_GRADED_BATCHES = (8, 9, 10, 11)  # graded on the pages of the hybrid pool (and the writer's), not every page
 FILING_LABELS = Path(__file__).with_name("data") / "financebench_heldout_labels.jsonl"
 
 
