@@ -9,7 +9,7 @@ subjects. These labels measure the rerankers on such documents.
 
 `bench/data/bhp_page_labels.jsonl` holds six batches of twelve questionnaire
 questions without an answer (1-5 and 7), each asked of each report alone (24 queries
-a batch), and four (6, 8, 9, 10) of questions with the supplier's answer:
+a batch), and five (6, 8, 9, 10, 11) of questions with the supplier's answer:
 - batch 1, the questions of `bench/short_pages.py`: every page that the hybrid pool
   (20 pages) returned for any of them, 71 pages (45 of the 48 of the 2020 Climate
   Change Report, 26 of the 27 of the Climate Transition Action Plan), each against
@@ -48,6 +48,8 @@ round later, the shipped model unchanged (section 8v).
   (docs/BENCHMARKS.md section 8ad). Every writer's page was in its pool.
 - batch 10: twenty-four more, written and graded as batch 9 (480 grades), to test a
   calibration candidate of section 8ad chosen on batches 6-9, before any score on them.
+- batch 11: twenty-four more, the same way (480 grades), written for section 8ae's
+  candidates; first scored by the shipped model after the first of them had failed.
 
 Who graded: four LLM agents, each given a quarter of the pages, the twelve
 questions and this rubric, and nothing of any ranking or probability:
@@ -67,7 +69,7 @@ relevant.
         --compare hybrid,hybrid+cosine,hybrid+classifier,hybrid+classifier@0.07 --run-out run.jsonl
     python bench/paired_bootstrap.py --run run.jsonl --queries bhp-direct.jsonl --pair hybrid:hybrid+classifier
 
-`bench/data/financebench_heldout_labels.jsonl` (`--filings`) holds 192 questions on the
+`bench/data/financebench_heldout_labels.jsonl` (`--filings`) holds 288 questions on the
 17 filings of the six companies the shipped model never saw
 (training/splits/heldout.json), to measure it on more than financebench's 27
 held-out queries (docs/BENCHMARKS.md section 8w). Written after the model shipped by
@@ -90,7 +92,14 @@ score on them was computed (docs/BENCHMARKS.md section 8ac); three of them have 
 page graded 2 (an answer whose parts are on different pages): they count in P@k as
 misses and are left out of R@k. Batch 4: 48 more, written and graded the same way (three
 writers, four graders, 913 grades), to test the calibration candidate of section 8ad
-before any score on them; five have no page graded 2.
+before any score on them; five have no page graded 2. Batches 5 and 6: 48 more each,
+the same way (913 and 916 grades; three and five without a page graded 2), written for
+section 8ae's candidates, batch 6 the test of the model shipped there.
+
+`bench/data/financebench_train_labels.jsonl` (`--training-filings`): 48 questions
+written and graded the same way on the 14 filings of the companies training keeps
+(934 grades, each question with a page graded 2): training data of the shipped model
+(README; docs/BENCHMARKS.md 8ae), never an evaluation set.
 
     EVIDENTIA_DATA_DIR=/tmp/evd evidentia index ../shared/data/financebench-dev/pdfs
     python bench/report_labels.py --filings --batch 1 --batch 2 > fb-new.jsonl    # the 96 of section 8w
@@ -109,6 +118,9 @@ BATCHES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)
 ANSWERED_BATCHES = (6, 8, 9, 10, 11)  # questions with the supplier's answer, each asked of one report
 POOL_GRADED_BATCHES = (8, 9, 10, 11)  # graded on the pages of the hybrid pool (and the writer's), not every page
 FILING_LABELS = Path(__file__).with_name("data") / "financebench_heldout_labels.jsonl"
+# questions written and graded the same way on the filings of the companies training
+# keeps (training/splits/heldout.json): training data of the shipped model (README)
+TRAINING_FILING_LABELS = Path(__file__).with_name("data") / "financebench_train_labels.jsonl"
 
 
 def queries(labels: Path, min_grade: int, batches: tuple[int, ...] | None = None,
@@ -147,21 +159,25 @@ def queries(labels: Path, min_grade: int, batches: tuple[int, ...] | None = None
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--labels", type=Path, default=LABELS)
-    ap.add_argument("--filings", action="store_true",
-                    help=f"the held-out filings' labels ({FILING_LABELS.name}) instead of the BHP reports'")
+    which = ap.add_mutually_exclusive_group()
+    which.add_argument("--filings", action="store_true",
+                       help=f"the held-out filings' labels ({FILING_LABELS.name}) instead of the BHP reports'")
+    which.add_argument("--training-filings", action="store_true",
+                       help=f"the training filings' labels ({TRAINING_FILING_LABELS.name}): training data")
     ap.add_argument("--min-grade", type=int, choices=(1, 2), default=2,
                     help="2: pages that answer the question; 1: also pages that partly answer it")
     ap.add_argument("--batch", type=int, action="append",
                     help="BHP: 1, 2: the questions the model was chosen on; 3, 4: the confirmation of that choice; "
                          "5: written after the model shipped; 6: questions with the supplier's answer; "
                          "7: written after them, measured once (section 8y); 8: answered, graded on the hybrid "
-                         "pool, the threshold's test (section 8ac). "
-                         "Filings: 1, long answers; 2, short ones; 3, the threshold's test (default: all)")
+                         "pool, the threshold's test (section 8ac); 9-11: answered, fresh tests (8ad, 8ae). "
+                         "Filings: 1, long answers; 2, short ones; 3, the threshold's test; 4-6: fresh tests "
+                         "(8ad, 8ae) (default: all)")
     ap.add_argument("--question-only", action="store_true", help="leave the answers out of the queries")
     ap.add_argument("--reworded", action="store_true",
                     help="batch 6: the answers as reworded by another agent (the same facts, not the report's words)")
     args = ap.parse_args()
-    labels = FILING_LABELS if args.filings else args.labels
+    labels = FILING_LABELS if args.filings else TRAINING_FILING_LABELS if args.training_filings else args.labels
     if args.question_only and args.reworded:
         ap.error("--question-only and --reworded exclude each other")
     found = queries(labels, args.min_grade, tuple(args.batch) if args.batch else None, args.question_only,

@@ -117,6 +117,23 @@ def test_filing_labels_ask_only_of_held_out_filings():
         assert set(kinds) == {"metrics-generated", "domain-relevant", "novel-generated"}
 
 
+def test_training_filing_labels_ask_only_of_the_filings_training_keeps():
+    """The shipped model's written filing questions: on the companies training keeps,
+    never a held-out one, each with a page that answers it."""
+    module = _report_labels()
+    rows = [json.loads(line) for line in module.TRAINING_FILING_LABELS.read_text(encoding="utf-8").splitlines()
+            if line.strip()]
+    split = json.loads((REPO / "training" / "splits" / "heldout.json").read_text(encoding="utf-8"))
+    assert rows and not {row["company"] for row in rows} & set(split["financebench-dev"]["held_out"])
+    held_out_docs = {row["doc_id"] for row in module.queries(module.FILING_LABELS, 1)}
+    assert not {row["doc_id"] for row in rows} & held_out_docs
+    assert {row["grade"] for row in rows} <= {0, 1, 2}
+    assert len({(r["doc_id"], r["question"], r["page"]) for r in rows}) == len(rows)
+    graded = module.queries(module.TRAINING_FILING_LABELS, 2)
+    assert len(graded) == 48 and all(q["relevant_pages"] and q["answer"] for q in graded)
+    assert {q["question_type"] for q in graded} == {"metrics-generated", "domain-relevant", "novel-generated"}
+
+
 def test_filing_queries_carry_answer_and_kind():
     module = _report_labels()
     strict = module.queries(module.FILING_LABELS, 2)
@@ -125,12 +142,13 @@ def test_filing_queries_carry_answer_and_kind():
     for s, l in zip(strict, loose):
         assert s["answer"] and s["question_type"] and s["company"] != s["doc_id"]
         assert set(s["relevant_pages"]) <= set(l["relevant_pages"])
-    # every question of batches 1-2 has a page that answers it; of batches 3, 4 and 5 (graded
-    # on the hybrid pool), three, five and three answers have their parts on different pages and none
+    # every question of batches 1-2 has a page that answers it; of batches 3 to 6 (graded on
+    # the hybrid pool), three, five, three and five answers have their parts on different pages and none
     assert all(q["relevant_pages"] for q in module.queries(module.FILING_LABELS, 2, (1, 2)))
     assert sum(not q["relevant_pages"] for q in module.queries(module.FILING_LABELS, 2, (3,))) == 3
     assert sum(not q["relevant_pages"] for q in module.queries(module.FILING_LABELS, 2, (4,))) == 5
     assert sum(not q["relevant_pages"] for q in module.queries(module.FILING_LABELS, 2, (5,))) == 3
+    assert sum(not q["relevant_pages"] for q in module.queries(module.FILING_LABELS, 2, (6,))) == 5
 
 
 def test_report_crossfit_scores_each_query_with_neither_its_report_nor_its_question_trained():
