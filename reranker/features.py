@@ -94,6 +94,7 @@ DOCUMENT_FEATURE_NAMES = (
     "doc_rank_local_bm25",  # ln(1 + pages of the document with a higher local BM25)
     "doc_cov_query",    # how far the document falls short of holding half the query keywords' weight (coverage_shortfall)
     "doc_rank_cos_adapted",  # ln(1 + pages of the document with a higher cos_query_adapted)
+    "doc_len",          # mean log_len of the document's pages: a report's long prose pages against short passages
 )
 # Signs the relevance model's weights must keep (reranker/relevance_model.py).
 #
@@ -136,7 +137,12 @@ FEATURE_SIGNS = {**_RANK_SIGNS, **{name: +1 for name in _EVIDENCE_FEATURES}}
 # names what the query names at all (the company, the line item) moves all its pages
 # together; its weight is learnt from pages of such documents in training
 # (training/dataset.py, foreign negatives).
-CALIBRATION_FEATURES = ("doc_num_share", "doc_cov_query")
+#
+# doc_len: which kind of report a document is. The two BHP reports (long prose pages,
+# a question's evidence on one or two of them) need a steeper calibration than
+# ClimRetrieve's generated reports (short pages, a quarter of a pool relevant), and
+# doc_num_share alone cannot tell them apart (docs/BENCHMARKS.md 8ad, 8ae).
+CALIBRATION_FEATURES = ("doc_num_share", "doc_cov_query", "doc_len")
 # A page's own features: PAGE_FEATURE_NAMES, then the question memory's
 # (reranker/question_memory.py); the document features are derived from them.
 ROW_FEATURE_NAMES = PAGE_FEATURE_NAMES + MEMORY_FEATURE_NAMES
@@ -541,6 +547,7 @@ def document_features(page_features: np.ndarray, local: np.ndarray | None = None
         out[:, 9] = np.log1p(_higher_count(local))
     out[:, 10] = coverage_shortfall(coverage)
     out[:, 11] = np.log1p(_higher_count(page_features[:, PAGE_FEATURE_NAMES.index("cos_query_adapted")]))
+    out[:, 12] = page_features[:, PAGE_FEATURE_NAMES.index("log_len")].mean()
     return out
 
 
