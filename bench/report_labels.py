@@ -9,7 +9,7 @@ subjects. These labels measure the rerankers on such documents.
 
 `bench/data/bhp_page_labels.jsonl` holds six batches of twelve questionnaire
 questions without an answer (1-5 and 7), each asked of each report alone (24 queries
-a batch), and five (6, 8, 9, 10, 11) of questions with the supplier's answer:
+a batch), and six (6, 8-12) of questions with the supplier's answer:
 - batch 1, the questions of `bench/short_pages.py`: every page that the hybrid pool
   (20 pages) returned for any of them, 71 pages (45 of the 48 of the 2020 Climate
   Change Report, 26 of the 27 of the Climate Transition Action Plan), each against
@@ -50,6 +50,10 @@ round later, the shipped model unchanged (section 8v).
   calibration candidate of section 8ad chosen on batches 6-9, before any score on them.
 - batch 11: twenty-four more, the same way (480 grades), written for section 8ae's
   candidates; first scored by the shipped model after the first of them had failed.
+  Batches 8-11 are now also training data: the shipped model's document calibration
+  reads them (`--calibration-only-docs BHP_`, README).
+- batch 12: twenty-four more, the same way (480 grades), the test of that model
+  (section 8ae), written before any score on them.
 
 Who graded: four LLM agents, each given a quarter of the pages, the twelve
 questions and this rubric, and nothing of any ranking or probability:
@@ -69,7 +73,7 @@ relevant.
         --compare hybrid,hybrid+cosine,hybrid+classifier,hybrid+classifier@0.07 --run-out run.jsonl
     python bench/paired_bootstrap.py --run run.jsonl --queries bhp-direct.jsonl --pair hybrid:hybrid+classifier
 
-`bench/data/financebench_heldout_labels.jsonl` (`--filings`) holds 288 questions on the
+`bench/data/financebench_heldout_labels.jsonl` (`--filings`) holds 336 questions on the
 17 filings of the six companies the shipped model never saw
 (training/splits/heldout.json), to measure it on more than financebench's 27
 held-out queries (docs/BENCHMARKS.md section 8w). Written after the model shipped by
@@ -94,7 +98,8 @@ misses and are left out of R@k. Batch 4: 48 more, written and graded the same wa
 writers, four graders, 913 grades), to test the calibration candidate of section 8ad
 before any score on them; five have no page graded 2. Batches 5 and 6: 48 more each,
 the same way (913 and 916 grades; three and five without a page graded 2), written for
-section 8ae's candidates, batch 6 the test of the model shipped there.
+section 8ae's candidates, batch 6 the test of its first one (C12). Batch 7: 48 more
+(912 grades, two without a page graded 2), the test of the model shipped there (C13).
 
 `bench/data/financebench_train_labels.jsonl` (`--training-filings`): 48 questions
 written and graded the same way on the 14 filings of the companies training keeps
@@ -170,8 +175,8 @@ def main() -> int:
                     help="BHP: 1, 2: the questions the model was chosen on; 3, 4: the confirmation of that choice; "
                          "5: written after the model shipped; 6: questions with the supplier's answer; "
                          "7: written after them, measured once (section 8y); 8: answered, graded on the hybrid "
-                         "pool, the threshold's test (section 8ac); 9-11: answered, fresh tests (8ad, 8ae). "
-                         "Filings: 1, long answers; 2, short ones; 3, the threshold's test; 4-6: fresh tests "
+                         "pool, the threshold's test (section 8ac); 9-12: answered, fresh tests (8ad, 8ae). "
+                         "Filings: 1, long answers; 2, short ones; 3, the threshold's test; 4-7: fresh tests "
                          "(8ad, 8ae) (default: all)")
     ap.add_argument("--question-only", action="store_true", help="leave the answers out of the queries")
     ap.add_argument("--reworded", action="store_true",
