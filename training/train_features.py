@@ -374,6 +374,14 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
                                      documents=pages_only)
             logits_only = model.logits(x_only)
             best_only = record_best_logits(calibration_only, logits_only, pages_only, lambda _i, rows: model.logits(rows))
+            only_documents = {r.doc_id for r in calibration_only if r.doc_id and r.page}
+            unindexed = only_documents - {doc_id for _q, _a, doc_id in pages_only}
+            if unindexed:
+                # the calibration then learns a kind of document from pages read alone
+                # (no document gap, the page's own length for the document's)
+                log(f"warning: {len(unindexed)} of the --calibration-only-docs records' {len(only_documents)} "
+                    f"documents are not in the index: their pages stand alone. Index them first (`evidentia "
+                    f"index`), as the model will read them")
             fit_logits, fit_x = np.concatenate([oof_logits, logits_only]), np.vstack([x, x_only])
             fit_labels += [training_target(r) for r in calibration_only]
             fit_best = np.concatenate([oof_best, best_only])

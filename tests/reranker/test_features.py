@@ -435,6 +435,26 @@ def test_document_gap_lowers_the_pages_below_their_documents_best_never_reorders
     np.testing.assert_allclose(again.probabilities(x, doc_best), p)
 
 
+def test_calibration_only_documents_missing_from_the_index_are_reported(embedder, tmp_path):
+    from evidentia.training.train_features import TrainingRecipe, train_features
+
+    documents = {f"doc{d}": [(1, CONTENTS + f" Item {d}."), (2, STAFF + f" Note {d}."),
+                             (3, CAPEX.replace("2018", str(2010 + d)))] for d in range(4)}
+    records = [TrainingRecord(QUESTION, ANSWER, text, int(n == 3), doc, n)
+               for doc, pages in documents.items() for n, text in pages]
+    report = [TrainingRecord(QUESTION, ANSWER, text, int(n == 3), "report", n) for n, text in documents["doc0"]]
+    recipe = TrainingRecipe(calibration_only_docs=("report",))
+    logged: list[str] = []
+    model = train_features(records + report, tmp_path / "a", log=logged.append, embedder=embedder,
+                           backend=_Index(documents, embedder), recipe=recipe)
+    assert model.metrics["calibration_only"]["records"] >= len(report)
+    assert [m for m in logged if m.startswith("warning: 1 of the --calibration-only-docs records' 1 documents")]
+    logged.clear()
+    train_features(records + report, tmp_path / "b", log=logged.append, embedder=embedder,
+                   backend=_Index({**documents, "report": documents["doc0"]}, embedder), recipe=recipe)
+    assert not any("calibration-only" in m for m in logged)
+
+
 def test_pool_probabilities_read_the_documents_best_page(embedder):
     from evidentia.reranker.features import PoolFeatures
 
