@@ -235,6 +235,19 @@ class TrainingRecipe:
         return cls(**prefixes, threshold=None if threshold is None else float(threshold))
 
 
+def _warn_unindexed(records: Sequence[TrainingRecord], pages_of_documents: dict, which: str,
+                    log: Callable[[str], None]) -> set[str]:
+    """Logs how many of the records' documents the index does not hold (their pages were
+    read alone: no document features); returns the ids of those it holds."""
+    documents = {r.doc_id for r in records if r.doc_id and r.page}
+    indexed = documents & {doc_id for _q, _a, doc_id in pages_of_documents}
+    if documents - indexed:
+        log(f"warning: {len(documents - indexed)} of the {which} {len(documents)} documents are not in the index: "
+            f"their pages stand alone. Index them first (`evidentia index`, with the EVIDENTIA_DATA_DIR the "
+            f"records were made with) so the model learns from the documents it will read")
+    return indexed
+
+
 def _has_prefix(doc_id: str | None, prefixes: tuple[str, ...]) -> bool:
     return bool(prefixes) and (doc_id or "").startswith(prefixes)
 
@@ -347,14 +360,9 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
     # and each record counts as much as its weight says (a large source weighed down)
     fit_weights = (~foreign) * np.asarray([1.0 if r.weight is None else r.weight for r in records])
     model = fit(x, labels, fit_weights, regularisation=regularisation)
-    record_documents = {r.doc_id for r in records if r.doc_id and r.page}
-    indexed = record_documents & {doc_id for _q, _a, doc_id in pages_of_documents}
-    if record_documents - indexed:
-        # then the model learns how a page stands in its document from fewer documents
-        # than it will read at query time (none at all without an index: no document gap)
-        log(f"warning: {len(record_documents - indexed)} of the records' {len(record_documents)} documents are "
-            f"not in the index: their pages stand alone. Index them first (`evidentia index`, with the "
-            f"EVIDENTIA_DATA_DIR the records were made with) so the model learns from the documents it will read")
+    # without its documents the model learns how a page stands in its document from fewer
+    # documents than it will read at query time (none at all without an index: no document gap)
+    indexed = _warn_unindexed(records, pages_of_documents, "records'", log)
     metrics: dict = {"records": len(records), "positives": int(hard.sum()), "documents": len(set(groups)),
                      "documents_indexed": len(indexed),
                      "memory": {"questions": memory.size, "window_vectors": len(memory.vectors),
@@ -374,14 +382,9 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
                                      documents=pages_only)
             logits_only = model.logits(x_only)
             best_only = record_best_logits(calibration_only, logits_only, pages_only, lambda _i, rows: model.logits(rows))
-            only_documents = {r.doc_id for r in calibration_only if r.doc_id and r.page}
-            unindexed = only_documents - {doc_id for _q, _a, doc_id in pages_only}
-            if unindexed:
-                # the calibration then learns a kind of document from pages read alone
-                # (no document gap, the page's own length for the document's)
-                log(f"warning: {len(unindexed)} of the --calibration-only-docs records' {len(only_documents)} "
-                    f"documents are not in the index: their pages stand alone. Index them first (`evidentia "
-                    f"index`), as the model will read them")
+            # else the calibration learns a kind of document from pages read alone (no
+            # document gap, the page's own length for the document's)
+            _warn_unindexed(calibration_only, pages_only, "--calibration-only-docs records'", log)
             fit_logits, fit_x = np.concatenate([oof_logits, logits_only]), np.vstack([x, x_only])
             fit_labels += [training_target(r) for r in calibration_only]
             fit_best = np.concatenate([oof_best, best_only])

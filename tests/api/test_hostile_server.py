@@ -24,8 +24,6 @@ ADMIN = "admin-secret-for-hostile-tests"
 MEMORY_BOUND_MB = 1500  # server (dense off) + one 300 MB extraction child + a 200 MB render child, with margin
 
 
-
-
 def test_hostile_uploads_never_take_the_server_down(tmp_path):
     bench = bench_module("bench_hostile")
     env = {k: v for k, v in os.environ.items() if not k.startswith("EVIDENTIA_")}
