@@ -20,10 +20,18 @@ With ``--cr-fold-by question`` the ClimRetrieve queries are cut by question inst
 it, for any report, so the question memory cannot recall it: a new questionnaire
 (docs/BENCHMARKS.md section 8m).
 
+The shipped recipe's other records: ``--written-queries`` (the questions written and graded
+on the training filings, ``bench/report_labels.py --training-filings``) are folded by
+company with financebench, train the other folds and are scored in their own;
+``--extra-records`` with ``--calibration-only-docs`` (the BHP reports' answered
+questions) enter every fold's calibration; ``--threshold`` fixes every fold's t as the
+README's train command does.
+
     export EVIDENTIA_DATA_DIR=/tmp/evd     # indexed as in the README's "shipped model" commands
     python bench/crossfit_eval.py --fb-queries ../shared/data/financebench-dev/queries.jsonl \
         --cr-queries /tmp/cr/train_queries.jsonl --cr-queries /tmp/cr/heldout_queries.jsonl \
-        --folds 5 --work /tmp/crossfit
+        --written-queries written-filings.jsonl --extra-records train-bhp.jsonl --calibration-only-docs BHP_ \
+        --threshold 0.09 --folds 5 --work /tmp/crossfit
 """
 
 from __future__ import annotations
@@ -60,6 +68,11 @@ def question_key(question: str) -> str:
     external ... goals?", the same passages marked), which must share a fold, or the
     'new' question would be met in training under its twin's wording."""
     return " ".join(question.lower().split()[:8])
+
+
+# Where each domain's queries come from: financebench ("fb"), ClimRetrieve ("cr") and the
+# questions written on the training filings ("fw"), folded by company with financebench.
+DOMAIN_NAMES = {"fb": "financebench", "cr": "ClimRetrieve", "fw": "written filing questions"}
 
 
 def fold_key(query: dict, domain: str, cr_fold_by: str) -> str:
@@ -112,10 +125,13 @@ def evaluate_at_default(queries: Path, model: Path, t: float, configs: tuple[str
 def train_and_evaluate(k: int, domains: dict[str, list[dict]], folds: int, seed: int, work: Path,
                        cr_fold_by: str = "company", foreign_negatives: int = DEFAULT_FOREIGN_NEGATIVES,
                        extra_records: tuple[Path, ...] = (), threshold_skip: tuple[str, ...] = (),
-                       memory_family: tuple[str, ...] = (), memory_exclude: tuple[str, ...] = ()) -> float:
+                       memory_family: tuple[str, ...] = (), memory_exclude: tuple[str, ...] = (),
+                       calibration_only: tuple[str, ...] = (), threshold: float | None = None) -> float:
     """Fold k: the README's dataset and train commands on the other folds, eval on
-    fold k. Returns the model's default threshold. ``extra_records``: training records
-    of documents outside both domains (the real reports' labels), in every fold."""
+    fold k. Returns the model's default threshold (``threshold`` when given, as the
+    README's ``--threshold``). ``extra_records``: training records of documents outside
+    the domains (the real reports' labels), in every fold; ``calibration_only``: their
+    documents' prefixes, when they enter the calibration alone."""
     fold_dir = work / f"fold{k}"
     fold_dir.mkdir(parents=True, exist_ok=True)
     log = fold_dir / "log.txt"
@@ -138,7 +154,9 @@ def train_and_evaluate(k: int, domains: dict[str, list[dict]], folds: int, seed:
     model = fold_dir / "model"
     run(["evidentia", "train", "--kind", "features", "--data", str(fold_dir / "train.jsonl"), "--out", str(model),
          *repeated("--threshold-skip-docs", ("CR_", *threshold_skip)),
-         *repeated("--memory-family-docs", memory_family), *repeated("--memory-exclude-docs", memory_exclude)], log)
+         *repeated("--memory-family-docs", memory_family), *repeated("--memory-exclude-docs", memory_exclude),
+         *repeated("--calibration-only-docs", calibration_only),
+         *(["--threshold", str(threshold)] if threshold is not None else [])], log)
     t = default_threshold(model)
     env = {**os.environ, "EVIDENTIA_CLASSIFIER_MODEL": str(model)}
     for domain in domains:
@@ -181,7 +199,7 @@ def pool_statistics(run_rows: list[dict], relevant: dict[str, set]) -> dict:
 # The field a domain's gain is broken down by: a mean over all queries hides that the
 # classifier wins financebench's figure questions and loses those that need reasoning
 # (docs/BENCHMARKS.md section 8q), or that it helps on one layout of the reports only.
-BREAKDOWN = {"fb": "question_type", "cr": "layout"}
+BREAKDOWN = {"fb": "question_type", "cr": "layout", "fw": "question_type"}
 
 
 def print_breakdown(scores: dict, queries: list[dict], field: str, samples: int, seed: int) -> None:
@@ -215,6 +233,9 @@ def main() -> None:
                          "(for any report): the question memory cannot help, as with a new questionnaire")
     ap.add_argument("--foreign-negatives", type=int, default=DEFAULT_FOREIGN_NEGATIVES,
                     help="the financebench records' foreign-document negatives per query (0: none)")
+    ap.add_argument("--written-queries", type=Path, action="append", default=[],
+                    help="labelled questions written on training filings (bench/report_labels.py --training-filings): "
+                         "folded by company with financebench (repeatable)")
     ap.add_argument("--extra-records", type=Path, action="append", default=[],
                     help="training records added to every fold (documents of neither domain; repeatable)")
     ap.add_argument("--threshold-skip-docs", action="append", default=[],
@@ -223,8 +244,14 @@ def main() -> None:
                     help="documents that share a memory fold in training (one company's reports; repeatable)")
     ap.add_argument("--memory-exclude-docs", action="append", default=[],
                     help="documents kept out of the question memory in training (repeatable)")
+    ap.add_argument("--calibration-only-docs", action="append", default=[],
+                    help="documents whose records enter the calibration alone (the extra records'; repeatable)")
+    ap.add_argument("--threshold", type=float, default=None,
+                    help="every fold's t, as the README's train command (default: each model's own choice)")
     args = ap.parse_args()
     domains = {"fb": read_jsonl(args.fb_queries), "cr": [q for f in args.cr_queries for q in read_jsonl(f)]}
+    if args.written_queries:
+        domains["fw"] = [q for f in args.written_queries for q in read_jsonl(f)]
     args.work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     thresholds = []
@@ -232,7 +259,8 @@ def main() -> None:
         thresholds.append(train_and_evaluate(k, domains, args.folds, args.seed, args.work, args.cr_fold_by,
                                              args.foreign_negatives, tuple(args.extra_records),
                                              tuple(args.threshold_skip_docs), tuple(args.memory_family_docs),
-                                             tuple(args.memory_exclude_docs)))
+                                             tuple(args.memory_exclude_docs), tuple(args.calibration_only_docs),
+                                             args.threshold))
         print(f"fold {k + 1}/{args.folds}: default t {thresholds[-1]} ({time.perf_counter() - t0:.0f} s)", flush=True)
     print(f"\ncross-fitted by company (ClimRetrieve by {args.cr_fold_by}), {args.folds} folds (seed {args.seed}); "
           "each model's own default t: " + ", ".join(str(t) for t in thresholds)
@@ -246,7 +274,7 @@ def main() -> None:
         write_jsonl(pooled_queries, queries)
         scores = per_query(runs, pooled_queries)
         ids = sorted(scores["hybrid"])
-        print(f"\n{domain}: {len(ids)} queries")
+        print(f"\n{domain} ({DOMAIN_NAMES[domain]}): {len(ids)} queries")
         print("  " + " | ".join(f"{c}: P@1 {sum(scores[c][q][2] for q in ids) / len(ids):.3f} "
                                 f"P@3 {sum(scores[c][q][0] for q in ids) / len(ids):.3f} "
                                 f"R@3 {sum(scores[c][q][1] for q in ids) / len(ids):.3f}"

@@ -54,6 +54,10 @@ round later, the shipped model unchanged (section 8v).
   reads them (`--calibration-only-docs BHP_`, README).
 - batch 12: twenty-four more, the same way (480 grades), the test of that model
   (section 8ae), written before any score on them.
+- batch 13: twenty-four more, the same way (480 grades), a first reading of that model
+  (section 8af), written before any score on them. One grader gave a glossary page a 2
+  (its greenhouse-gas entry is the only page that names the gases the report covers);
+  kept as graded.
 
 Who graded: four LLM agents, each given a quarter of the pages, the twelve
 questions and this rubric, and nothing of any ranking or probability:
@@ -100,6 +104,8 @@ before any score on them; five have no page graded 2. Batches 5 and 6: 48 more e
 the same way (913 and 916 grades; three and five without a page graded 2), written for
 section 8ae's candidates, batch 6 the test of its first one (C12). Batch 7: 48 more
 (912 grades, two without a page graded 2), the test of the model shipped there (C13).
+Batch 8: 48 more (914 grades, nine without a page graded 2), a first reading of that
+model (section 8af).
 
 `bench/data/financebench_train_labels.jsonl` (`--training-filings`): 48 questions
 written and graded the same way on the 14 filings of the companies training keeps
@@ -119,9 +125,9 @@ import sys
 from pathlib import Path
 
 LABELS = Path(__file__).with_name("data") / "bhp_page_labels.jsonl"
-BATCHES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12)
-ANSWERED_BATCHES = (6, 8, 9, 10, 11, 12)  # questions with the supplier's answer, each asked of one report
-POOL_GRADED_BATCHES = (8, 9, 10, 11, 12)  # graded on the pages of the hybrid pool (and the writer's), not every page
+BATCHES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13)
+ANSWERED_BATCHES = (6, 8, 9, 10, 11, 12, 13)  # questions with the supplier's answer, each asked of one report
+POOL_GRADED_BATCHES = (8, 9, 10, 11, 12, 13)  # graded on the pages of the hybrid pool (and the writer's), not every page
 FILING_LABELS = Path(__file__).with_name("data") / "financebench_heldout_labels.jsonl"
 # questions written and graded the same way on the filings of the companies training
 # keeps (training/splits/heldout.json): training data of the shipped model (README)
@@ -175,9 +181,9 @@ def main() -> int:
                     help="BHP: 1, 2: the questions the model was chosen on; 3, 4: the confirmation of that choice; "
                          "5: written after the model shipped; 6: questions with the supplier's answer; "
                          "7: written after them, measured once (section 8y); 8: answered, graded on the hybrid "
-                         "pool, the threshold's test (section 8ac); 9-12: answered, fresh tests (8ad, 8ae). "
-                         "Filings: 1, long answers; 2, short ones; 3, the threshold's test; 4-7: fresh tests "
-                         "(8ad, 8ae) (default: all)")
+                         "pool, the threshold's test (section 8ac); 9-13: answered, fresh tests (8ad-8af). "
+                         "Filings: 1, long answers; 2, short ones; 3, the threshold's test; 4-8: fresh tests "
+                         "(8ad-8af) (default: all)")
     ap.add_argument("--question-only", action="store_true", help="leave the answers out of the queries")
     ap.add_argument("--reworded", action="store_true",
                     help="batch 6: the answers as reworded by another agent (the same facts, not the report's words)")

@@ -31,25 +31,19 @@ from pathlib import Path
 import numpy as np
 
 from evidentia.reranker.relevance_model import (MAX_POOL_SHARE, MIN_RECALL_KEPT, THRESHOLD_CONFIDENCE,
-                                                recall_at_thresholds)
+                                                THRESHOLD_GRID, recall_at_thresholds, resamples_keeping)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from threshold_rule import pools_of  # noqa: E402
 
-GRID = [round(x, 3) for x in np.arange(0.0, 0.501, 0.005)]
+GRID = list(THRESHOLD_GRID)
 
 
 def group_curves(pools, grid, resamples: int, min_recall_kept: float, seed: int):
     """Per t: R@3 kept, share of resamples keeping >= min_recall_kept, share of pool pages returned."""
     recall, share = recall_at_thresholds(pools, grid, 3)
-    base = recall[0]
-    kept = recall.sum(axis=1) / base.sum()
-    rng = np.random.default_rng(seed)
-    draws = rng.integers(0, recall.shape[1], size=(resamples, recall.shape[1]))
-    base_sums = base[draws].sum(axis=1)
-    sure = np.array([np.mean(recall[j][draws].sum(axis=1) >= min_recall_kept * base_sums - 1e-12)
-                     for j in range(len(grid))])
-    return kept, sure, share
+    kept = recall.sum(axis=1) / recall[0].sum()
+    return kept, resamples_keeping(recall, min_recall_kept, resamples, seed), share
 
 
 def lowest_threshold(groups, min_recall_kept: float = MIN_RECALL_KEPT, max_pool_share: float = MAX_POOL_SHARE,

@@ -361,6 +361,20 @@ def recall_at_thresholds(pools: Sequence[tuple[Sequence[float], Sequence[int]]],
     return recall[:, has_relevant], (kept_pages / total if total else np.zeros(len(thresholds)))
 
 
+# The thresholds a rule may choose from: 0 to 0.5 in steps of 0.005.
+THRESHOLD_GRID = tuple(round(float(x), 3) for x in np.arange(0.0, 0.501, 0.005))
+
+
+def resamples_keeping(recall: np.ndarray, min_recall_kept: float, resamples: int, seed: int) -> np.ndarray:
+    """Per threshold (a row of ``recall``, as ``recall_at_thresholds`` gives it, the
+    first row unthresholded): the share of bootstrap resamples of the queries (columns)
+    in which it keeps at least ``min_recall_kept`` of the unthresholded R@k (seeded)."""
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, recall.shape[1], size=(resamples, recall.shape[1]))
+    base_sums = recall[0][draws].sum(axis=1)
+    return np.array([np.mean(row[draws].sum(axis=1) >= min_recall_kept * base_sums - 1e-12) for row in recall])
+
+
 def choose_threshold(pools: Sequence[tuple[Sequence[float], Sequence[int]]], min_recall_kept: float = MIN_RECALL_KEPT,
                      max_pool_share: float = MAX_POOL_SHARE, k: int = 3, confidence: float | None = THRESHOLD_CONFIDENCE,
                      seed: int = 0, other_draws: Sequence[Sequence[tuple[Sequence[float], Sequence[int]]]] = (),
@@ -377,7 +391,7 @@ def choose_threshold(pools: Sequence[tuple[Sequence[float], Sequence[int]]], min
     pool (e.g. the base data and the analysts' verdicts); t must then keep
     ``min_recall_kept`` of each group's R@k, so that many queries of one kind cannot
     outvote a few of another, whose evidence t would hide."""
-    grid = [round(x, 3) for x in np.arange(0.0, 0.501, 0.005)]
+    grid = list(THRESHOLD_GRID)
     recall, share = recall_at_thresholds(pools, grid, k)
     for draw in other_draws:
         if len(draw) != len(pools):
@@ -396,12 +410,8 @@ def choose_threshold(pools: Sequence[tuple[Sequence[float], Sequence[int]]], min
         part = recall[:, columns]
         group_base = part[0].mean()
         kept_by_group.append(part.mean(axis=1) / group_base if group_base else np.zeros(len(grid)))
-        if confidence is not None:
-            rng = np.random.default_rng(seed + g)  # seed + 0: one group draws as before groups existed
-            draws = rng.integers(0, len(columns), size=(_THRESHOLD_RESAMPLES, len(columns)))
-            base_sums = part[0][draws].sum(axis=1)
-            resampled_by_group.append(np.array([np.mean(part[j][draws].sum(axis=1) >= min_recall_kept * base_sums
-                                                         - 1e-12) for j in range(len(grid))]))
+        if confidence is not None:  # seed + 0: one group draws as before groups existed
+            resampled_by_group.append(resamples_keeping(part, min_recall_kept, _THRESHOLD_RESAMPLES, seed + g))
     resampled = np.min(resampled_by_group, axis=0) if resampled_by_group else None
     sweep = []
     best = None

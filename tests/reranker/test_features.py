@@ -16,7 +16,8 @@ from evidentia.reranker.features import (CALIBRATION_FEATURES, DOCUMENT_FEATURE_
                                          COVERAGE_ENOUGH, TermStatistics, coverage_shortfall, document_coverage,
                                          document_features, lexical_features, local_bm25, name_missing, page_stems, passage_coverage,
                                          query_terms, question_name, stored_document_source, stored_vector_source, term_weight)
-from evidentia.reranker.relevance_model import FeatureModel, FeatureModelError, choose_threshold, fit, out_of_fold
+from evidentia.reranker.relevance_model import (FeatureModel, FeatureModelError, choose_threshold, fit, out_of_fold,
+                                                resamples_keeping)
 from evidentia.training.dataset import TrainingRecord
 from evidentia.training.train_features import THRESHOLD_DRAWS
 
@@ -781,6 +782,17 @@ def test_threshold_keeps_the_evidence_of_queries_like_these_by_default():
     assert choose_threshold(_pools(1)).threshold == 0.5
     assert choose_threshold(_pools(2), seed=3).threshold == two_late.threshold  # seeded, not luck
 
+
+
+def test_resamples_keeping_counts_the_resamples_that_keep_enough_evidence():
+    # 10 queries with one relevant page each (columns); rows: unthresholded, nothing lost,
+    # one query's page lost, every page lost
+    recall = np.array([[1.0] * 10, [1.0] * 10, [0.0] + [1.0] * 9, [0.0] * 10])
+    share = resamples_keeping(recall, 0.9, 2000, seed=0)
+    assert share[0] == share[1] == 1.0 and share[3] == 0.0
+    # losing one query keeps >= 90 % unless a resample draws it twice or more: about 26 %
+    assert 0.66 < share[2] < 0.82
+    assert np.array_equal(share, resamples_keeping(recall, 0.9, 2000, seed=0))  # seeded
 
 def test_threshold_keeps_the_evidence_of_each_group_of_queries():
     # 20 queries of one kind, their evidence at 0.6; 4 of another, at 0.1. Pooled, t = 0.5
