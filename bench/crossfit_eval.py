@@ -262,9 +262,9 @@ def main() -> None:
                                              tuple(args.memory_exclude_docs), tuple(args.calibration_only_docs),
                                              args.threshold))
         print(f"fold {k + 1}/{args.folds}: default t {thresholds[-1]} ({time.perf_counter() - t0:.0f} s)", flush=True)
+    whose_t = "every fold's t (--threshold)" if args.threshold is not None else "each model's own default t"
     print(f"\ncross-fitted by company (ClimRetrieve by {args.cr_fold_by}), {args.folds} folds (seed {args.seed}); "
-          "each model's own default t: " + ", ".join(str(t) for t in thresholds)
-          + f"; load {os.getloadavg()[0]:.1f}")
+          f"{whose_t}: " + ", ".join(str(t) for t in thresholds) + f"; load {os.getloadavg()[0]:.1f}")
     for domain, queries in domains.items():
         runs = args.work / f"run-{domain}.jsonl"
         rows = [row for k in range(args.folds) if (args.work / f"fold{k}" / f"run-{domain}.jsonl").exists()

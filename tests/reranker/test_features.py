@@ -783,7 +783,6 @@ def test_threshold_keeps_the_evidence_of_queries_like_these_by_default():
     assert choose_threshold(_pools(2), seed=3).threshold == two_late.threshold  # seeded, not luck
 
 
-
 def test_resamples_keeping_counts_the_resamples_that_keep_enough_evidence():
     # 10 queries with one relevant page each (columns); rows: unthresholded, nothing lost,
     # one query's page lost, every page lost
@@ -793,6 +792,7 @@ def test_resamples_keeping_counts_the_resamples_that_keep_enough_evidence():
     # losing one query keeps >= 90 % unless a resample draws it twice or more: about 26 %
     assert 0.66 < share[2] < 0.82
     assert np.array_equal(share, resamples_keeping(recall, 0.9, 2000, seed=0))  # seeded
+
 
 def test_threshold_keeps_the_evidence_of_each_group_of_queries():
     # 20 queries of one kind, their evidence at 0.6; 4 of another, at 0.1. Pooled, t = 0.5
