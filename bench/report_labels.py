@@ -58,6 +58,11 @@ round later, the shipped model unchanged (section 8v).
   (section 8af), written before any score on them. One grader gave a glossary page a 2
   (its greenhouse-gas entry is the only page that names the gases the report covers);
   kept as graded.
+- batch 14: twenty-four more, the same way (480 grades), written for section 8ag's
+  candidate and first read by the shipped model, written before any score on them. One
+  writer asked how the company defines a carbon offset, which BHP defines only in its
+  glossary; that grader gave the glossary page a 2 (and another glossary page a 1 for
+  planning scenarios), against the rubric's "glossary 0"; kept as graded.
 
 Who graded: four LLM agents, each given a quarter of the pages, the twelve
 questions and this rubric, and nothing of any ranking or probability:
@@ -77,7 +82,7 @@ relevant.
         --compare hybrid,hybrid+cosine,hybrid+classifier,hybrid+classifier@0.07 --run-out run.jsonl
     python bench/paired_bootstrap.py --run run.jsonl --queries bhp-direct.jsonl --pair hybrid:hybrid+classifier
 
-`bench/data/financebench_heldout_labels.jsonl` (`--filings`) holds 336 questions on the
+`bench/data/financebench_heldout_labels.jsonl` (`--filings`) holds 432 questions on the
 17 filings of the six companies the shipped model never saw
 (training/splits/heldout.json), to measure it on more than financebench's 27
 held-out queries (docs/BENCHMARKS.md section 8w). Written after the model shipped by
@@ -105,7 +110,8 @@ the same way (913 and 916 grades; three and five without a page graded 2), writt
 section 8ae's candidates, batch 6 the test of its first one (C12). Batch 7: 48 more
 (912 grades, two without a page graded 2), the test of the model shipped there (C13).
 Batch 8: 48 more (914 grades, nine without a page graded 2), a first reading of that
-model (section 8af).
+model (section 8af). Batch 9: 48 more (911 grades, seven without a page graded 2), for
+section 8ag's candidate and a first reading of the shipped model.
 
 `bench/data/financebench_train_labels.jsonl` (`--training-filings`): 48 questions
 written and graded the same way on the 14 filings of the companies training keeps
@@ -125,9 +131,9 @@ import sys
 from pathlib import Path
 
 LABELS = Path(__file__).with_name("data") / "bhp_page_labels.jsonl"
-BATCHES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13)
-ANSWERED_BATCHES = (6, 8, 9, 10, 11, 12, 13)  # questions with the supplier's answer, each asked of one report
-POOL_GRADED_BATCHES = (8, 9, 10, 11, 12, 13)  # graded on the pages of the hybrid pool (and the writer's), not every page
+BATCHES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14)
+ANSWERED_BATCHES = (6, 8, 9, 10, 11, 12, 13, 14)  # questions with the supplier's answer, each asked of one report
+POOL_GRADED_BATCHES = (8, 9, 10, 11, 12, 13, 14)  # graded on the pages of the hybrid pool (and the writer's), not every page
 FILING_LABELS = Path(__file__).with_name("data") / "financebench_heldout_labels.jsonl"
 # questions written and graded the same way on the filings of the companies training
 # keeps (training/splits/heldout.json): training data of the shipped model (README)
@@ -181,9 +187,9 @@ def main() -> int:
                     help="BHP: 1, 2: the questions the model was chosen on; 3, 4: the confirmation of that choice; "
                          "5: written after the model shipped; 6: questions with the supplier's answer; "
                          "7: written after them, measured once (section 8y); 8: answered, graded on the hybrid "
-                         "pool, the threshold's test (section 8ac); 9-13: answered, fresh tests (8ad-8af). "
-                         "Filings: 1, long answers; 2, short ones; 3, the threshold's test; 4-8: fresh tests "
-                         "(8ad-8af) (default: all)")
+                         "pool, the threshold's test (section 8ac); 9-14: answered, fresh tests (8ad-8ag). "
+                         "Filings: 1, long answers; 2, short ones; 3, the threshold's test; 4-9: fresh tests "
+                         "(8ad-8ag) (default: all)")
     ap.add_argument("--question-only", action="store_true", help="leave the answers out of the queries")
     ap.add_argument("--reworded", action="store_true",
                     help="batch 6: the answers as reworded by another agent (the same facts, not the report's words)")
