@@ -58,11 +58,11 @@ round later, the shipped model unchanged (section 8v).
   (section 8af), written before any score on them. One grader gave a glossary page a 2
   (its greenhouse-gas entry is the only page that names the gases the report covers);
   kept as graded.
-- batch 14: twenty-four more, the same way (480 grades), written for section 8ag's
-  candidate and first read by the shipped model, written before any score on them. One
-  writer asked how the company defines a carbon offset, which BHP defines only in its
-  glossary; that grader gave the glossary page a 2 (and another glossary page a 1 for
-  planning scenarios), against the rubric's "glossary 0"; kept as graded.
+- batch 14: twenty-four more, the same way (480 grades), before any score on them: the
+  test of section 8ag's candidate and a first reading of the shipped model. One writer
+  asked how the company defines a carbon offset, which BHP defines only in its glossary;
+  its grader gave the glossary page a 2 (and another glossary page a 1 for planning
+  scenarios), against the rubric's "glossary 0"; kept as graded.
 
 Who graded: four LLM agents, each given a quarter of the pages, the twelve
 questions and this rubric, and nothing of any ranking or probability:
