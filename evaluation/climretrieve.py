@@ -2,11 +2,12 @@
 
 ClimRetrieve (``passages.jsonl``) gives, per report, the passages experts marked
 for each of the report's questions, but not the report PDFs. Each distinct
-marked passage (its ``context``: the marked text with the sentences around it,
-about a paragraph) goes into a generated PDF per report, laid out one of two ways
+passage (a marked sentence's ``context``: the sentence with the sentences around it,
+about a paragraph; one passage however many of its sentences were marked, and for
+however many questions) goes into a generated PDF per report, laid out one of two ways
 (``LAYOUTS``):
 
-- ``passage``: one page per passage (85 words at the median);
+- ``passage``: one page per passage (82 words at the median);
 - ``printed``: the report as printed, as far as the passages tell it: a cover
   page with the report's title, then one page per printed page the experts cited,
   in the report's order, holding every passage marked on that page (sentences the
@@ -272,7 +273,7 @@ def passage_text(row: dict) -> str:
 
 
 def load_reports(passages_file: Path) -> list[Report]:
-    """Reports with their distinct passages (keyed by the marked text) and marks."""
+    """Reports with their distinct passages (keyed by the text a page shows) and marks."""
     by_report: dict[str, list[dict]] = defaultdict(list)
     with open(passages_file, encoding="utf-8") as fh:
         for line in fh:
@@ -284,14 +285,20 @@ def load_reports(passages_file: Path) -> list[Report]:
         units: dict[str, Unit] = {}
         answers: dict[str, str] = {}
         for row in rows:
-            key = str(row.get("relevant_text") or "").strip() or passage_text(row)
             text = passage_text(row)
             if _is_missing(text):
                 # a mark without any text ("nan" for both the passage and its context;
                 # 17 rows, 7 of them rated relevant): no page can show it, and as a
                 # page reading "nan" it was evidence a model learnt to rank first
                 continue
+            # Keyed by the text shown, not the marked sentence: sentences of one paragraph
+            # marked for different questions share their context, and keyed apart they
+            # made pages of the same text labelled relevant on one and not on the others
+            # (38 of 545 pages; 26 of 140 report questions, docs/BENCHMARKS.md 8ah).
+            key = " ".join(text.split())
             unit = units.setdefault(key, Unit(text, printed_page=printed_page(row)))
+            if unit.printed_page is None:
+                unit.printed_page = printed_page(row)
             try:
                 relevance = int(row.get("relevance"))
             except (TypeError, ValueError):
