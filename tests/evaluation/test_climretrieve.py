@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from evidentia.evaluation.climretrieve import (GLOSSARY, GLOSSARY_TERMS_PER_REPORT, LAYOUTS, SPLIT_FILE, Report, doc_id_of,
-                                               labelled_pairs, load_reports, load_split, queries_of, report_group,
-                                               write_pools, write_report_pdf)
+from evidentia.evaluation.climretrieve import (GLOSSARY, GLOSSARY_TERMS_PER_REPORT, LAYOUTS, SPLIT_FILE, Report,
+                                               doc_id_of, labelled_pairs, load_reports, load_split, queries_of,
+                                               report_group, write_pools, write_report_pdf)
 from evidentia.evaluation.queries import load_queries
 from tests.utils.paths import SHARED_DATA
 
