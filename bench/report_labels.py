@@ -9,7 +9,7 @@ subjects. These labels measure the rerankers on such documents.
 
 `bench/data/bhp_page_labels.jsonl` holds six batches of twelve questionnaire
 questions without an answer (1-5 and 7), each asked of each report alone (24 queries
-a batch), and nine (6, 8-15) of questions with the supplier's answer:
+a batch), and ten (6, 8-16) of questions with the supplier's answer:
 - batch 1, the questions of `bench/short_pages.py`: every page that the hybrid pool
   (20 pages) returned for any of them, 71 pages (45 of the 48 of the 2020 Climate
   Change Report, 26 of the 27 of the Climate Transition Action Plan), each against
@@ -66,6 +66,9 @@ round later, the shipped model unchanged (section 8v).
 - batch 15: twenty-four more, the same way (480 grades; every question with a page
   graded 2), before any score on them: the test of section 8ah's candidate and a first
   reading of the shipped model.
+- batch 16: twenty-four more, the same way (480 grades; every question with a page
+  graded 2), before any score on them: the test of section 8ai's candidate and a first
+  reading of the shipped model.
 
 Who graded: four LLM agents, each given a quarter of the pages, the twelve
 questions and this rubric, and nothing of any ranking or probability:
@@ -116,7 +119,9 @@ Batch 8: 48 more (914 grades, nine without a page graded 2), a first reading of 
 model (section 8af). Batch 9: 48 more (911 grades, seven without a page graded 2), for
 section 8ag's candidate and a first reading of the shipped model. Batch 10: 48 more (912
 grades, seven without a page graded 2; 16, 15 and 17 of the three kinds as the writers
-chose them), written for section 8ah's candidate before any score on them.
+chose them), written for section 8ah's candidate before any score on them. Batch 11: 48
+more (905 grades, two without a page graded 2), written for section 8ai's candidate
+before any score on them (19, 17 and 12 of the three kinds).
 
 `bench/data/financebench_train_labels.jsonl` (`--training-filings`): 48 questions
 written and graded the same way on the 14 filings of the companies training keeps
@@ -192,9 +197,9 @@ def main() -> int:
                     help="BHP: 1, 2: the questions the model was chosen on; 3, 4: the confirmation of that choice; "
                          "5: written after the model shipped; 6: questions with the supplier's answer; "
                          "7: written after them, measured once (section 8y); 8: answered, graded on the hybrid "
-                         "pool, the threshold's test (section 8ac); 9-15: answered, fresh tests (8ad-8ah). "
-                         "Filings: 1, long answers; 2, short ones; 3, the threshold's test; 4-10: fresh tests "
-                         "(8ad-8ah) (default: all)")
+                         "pool, the threshold's test (section 8ac); 9-16: answered, fresh tests (8ad-8ai). "
+                         "Filings: 1, long answers; 2, short ones; 3, the threshold's test; 4-11: fresh tests "
+                         "(8ad-8ai) (default: all)")
     ap.add_argument("--question-only", action="store_true", help="leave the answers out of the queries")
     ap.add_argument("--reworded", action="store_true",
                     help="batch 6: the answers as reworded by another agent (the same facts, not the report's words)")
