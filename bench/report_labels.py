@@ -121,7 +121,7 @@ section 8ag's candidate and a first reading of the shipped model. Batch 10: 48 m
 grades, seven without a page graded 2; 16, 15 and 17 of the three kinds as the writers
 chose them), written for section 8ah's candidate before any score on them. Batch 11: 48
 more (905 grades, two without a page graded 2), written for section 8ai's candidate
-before any score on them (19, 17 and 12 of the three kinds).
+before any score on them (19 novel, 17 metrics and 12 domain questions).
 
 `bench/data/financebench_train_labels.jsonl` (`--training-filings`): 48 questions
 written and graded the same way on the 14 filings of the companies training keeps
