@@ -119,8 +119,8 @@ _RANK_SIGNS = {"doc_rank_cos": -1, "doc_rank_bm25": -1, "doc_rank_cos_question":
 _EVIDENCE_FEATURES = ("cos_query", "cos_question", "cos_query_mean", "cos_answer", "cos_query_adapted", "cov_question",
                       "cov_answer", "tf_question", "idf_cov_question", "idf_cov_answer", "bm25_fixed", "bm25_domain",
                       "phrase_question", "window_cov_question", "window_cov_answer", "num_answer", "statement_title",
-                      "statement_item", "memory_relevant", "memory_margin", "doc_gap_cos", "doc_rel_bm25", "doc_z_cos",
-                      "doc_local_bm25")
+                      "statement_item", "memory_relevant", "memory_margin", "memory_probe", "doc_gap_cos",
+                      "doc_rel_bm25", "doc_z_cos", "doc_local_bm25")
 FEATURE_SIGNS = {**_RANK_SIGNS, **{name: +1 for name in _EVIDENCE_FEATURES}}
 # Features constant over a document, left out of the relevance fit and fitted after it
 # on the out-of-fold logits (reranker/relevance_model.py, calibrate_documents): they move

