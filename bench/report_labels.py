@@ -69,6 +69,12 @@ round later, the shipped model unchanged (section 8v).
 - batch 16: twenty-four more, the same way (480 grades; every question with a page
   graded 2), before any score on them: the test of section 8ai's candidate and a first
   reading of the shipped model.
+- batch 17: twenty-four more, the same way (480 grades; every question with a page
+  graded 2), before any score on them: the test of section 8aj's candidate and a first
+  reading of the shipped model. Two of its graders' judgement calls are kept as graded:
+  the assurance statement graded 2 for a question on what that assurance leaves out,
+  and a glossary page graded 2 for the countries of BHP's minerals asset groups, which
+  the report states nowhere else.
 
 Who graded: four LLM agents, each given a quarter of the pages, the twelve
 questions and this rubric, and nothing of any ranking or probability:
@@ -88,7 +94,7 @@ relevant.
         --compare hybrid,hybrid+cosine,hybrid+classifier,hybrid+classifier@0.07 --run-out run.jsonl
     python bench/paired_bootstrap.py --run run.jsonl --queries bhp-direct.jsonl --pair hybrid:hybrid+classifier
 
-`bench/data/financebench_heldout_labels.jsonl` (`--filings`) holds 432 questions on the
+`bench/data/financebench_heldout_labels.jsonl` (`--filings`) holds 576 questions on the
 17 filings of the six companies the shipped model never saw
 (training/splits/heldout.json), to measure it on more than financebench's 27
 held-out queries (docs/BENCHMARKS.md section 8w). Written after the model shipped by
@@ -121,7 +127,9 @@ section 8ag's candidate and a first reading of the shipped model. Batch 10: 48 m
 grades, seven without a page graded 2; 16, 15 and 17 of the three kinds as the writers
 chose them), written for section 8ah's candidate before any score on them. Batch 11: 48
 more (905 grades, two without a page graded 2), written for section 8ai's candidate
-before any score on them (19 novel, 17 metrics and 12 domain questions).
+before any score on them (19 novel, 17 metrics and 12 domain questions). Batch 12: 48
+more (914 grades, eight without a page graded 2; 14 novel, 18 metrics and 16 domain
+questions), written for section 8aj's candidate before any score on them.
 
 `bench/data/financebench_train_labels.jsonl` (`--training-filings`): 48 questions
 written and graded the same way on the 14 filings of the companies training keeps
@@ -141,9 +149,9 @@ import sys
 from pathlib import Path
 
 LABELS = Path(__file__).with_name("data") / "bhp_page_labels.jsonl"
-BATCHES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16)
-ANSWERED_BATCHES = (6, 8, 9, 10, 11, 12, 13, 14, 15, 16)  # questions with the supplier's answer, each asked of one report
-POOL_GRADED_BATCHES = (8, 9, 10, 11, 12, 13, 14, 15, 16)  # graded on the pages of the hybrid pool (and the writer's), not every page
+BATCHES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17)
+ANSWERED_BATCHES = (6, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17)  # questions with the supplier's answer, each asked of one report
+POOL_GRADED_BATCHES = (8, 9, 10, 11, 12, 13, 14, 15, 16, 17)  # graded on the pages of the hybrid pool (and the writer's), not every page
 FILING_LABELS = Path(__file__).with_name("data") / "financebench_heldout_labels.jsonl"
 # questions written and graded the same way on the filings of the companies training
 # keeps (training/splits/heldout.json): training data of the shipped model (README)
@@ -197,9 +205,9 @@ def main() -> int:
                     help="BHP: 1, 2: the questions the model was chosen on; 3, 4: the confirmation of that choice; "
                          "5: written after the model shipped; 6: questions with the supplier's answer; "
                          "7: written after them, measured once (section 8y); 8: answered, graded on the hybrid "
-                         "pool, the threshold's test (section 8ac); 9-16: answered, fresh tests (8ad-8ai). "
-                         "Filings: 1, long answers; 2, short ones; 3, the threshold's test; 4-11: fresh tests "
-                         "(8ad-8ai) (default: all)")
+                         "pool, the threshold's test (section 8ac); 9-17: answered, fresh tests (8ad-8aj). "
+                         "Filings: 1, long answers; 2, short ones; 3, the threshold's test; 4-12: fresh tests "
+                         "(8ad-8aj) (default: all)")
     ap.add_argument("--question-only", action="store_true", help="leave the answers out of the queries")
     ap.add_argument("--reworded", action="store_true",
                     help="batch 6: the answers as reworded by another agent (the same facts, not the report's words)")
