@@ -64,10 +64,10 @@ def test_answered_batch_grades_every_page_of_its_report_against_each_answer():
 
 
 def test_pool_graded_batch_grades_each_answer_on_its_pool_and_its_writers_pages():
-    """Batches 8 to 17, the fresh tests: each pair graded on the pages of its hybrid pool
+    """Batches 8 to 18, the fresh tests: each pair graded on the pages of its hybrid pool
     of 20 and the writer's, blind; twelve pairs a report, each with an answering page."""
     module = _report_labels()
-    assert module.POOL_GRADED_BATCHES == (8, 9, 10, 11, 12, 13, 14, 15, 16, 17)
+    assert module.POOL_GRADED_BATCHES == (8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18)
     rows = [json.loads(line) for line in module.LABELS.read_text(encoding="utf-8").splitlines() if line.strip()]
     for batch in module.POOL_GRADED_BATCHES:
         by_query: dict[tuple, list[dict]] = {}
