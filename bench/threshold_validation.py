@@ -18,7 +18,7 @@ and at each ``--t``.
 
     python bench/threshold_validation.py --config hybrid+classifier \
         --validate filings:run-filings.jsonl:filings.jsonl --validate bhp:run-bhp.jsonl:bhp.jsonl \
-        --validate printed:run-printed.jsonl:printed.jsonl \
+        --validate printed:run-printed.jsonl:printed.jsonl --validate passages:run-passages.jsonl:passages.jsonl \
         --test fresh-filings:run-f.jsonl:f.jsonl --test fresh-bhp:run-b.jsonl:b.jsonl --t 0.07
 """
 
