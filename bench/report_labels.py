@@ -75,6 +75,15 @@ round later, the shipped model unchanged (section 8v).
   the assurance statement graded 2 for a question on what that assurance leaves out,
   and a glossary page graded 2 for the countries of BHP's minerals asset groups, which
   the report states nowhere else.
+- batch 18: twenty-four more, the same way (480 grades; every question with a page
+  graded 2), before any score on them: the test of section 8ak's threshold and a first
+  reading of the shipped model. Kept as graded: the assurance statement graded 2 as the
+  only page listing the review's procedures, and two "Reporting terms" pages graded 2 for
+  BHP's own definitions.
+- batch 19: twenty-four more, the same way (480 grades), written after that threshold
+  shipped, as the test of section 8ak's second candidate. One question has no page
+  graded 2: its definition is stated only in the glossary, which its grader held to the
+  rubric's 0 (another grader gave a glossary's word-for-word definition a 2; both kept).
 
 Who graded: four LLM agents, each given a quarter of the pages, the twelve
 questions and this rubric, and nothing of any ranking or probability:
@@ -129,7 +138,11 @@ chose them), written for section 8ah's candidate before any score on them. Batch
 more (905 grades, two without a page graded 2), written for section 8ai's candidate
 before any score on them (19 novel, 17 metrics and 12 domain questions). Batch 12: 48
 more (914 grades, eight without a page graded 2; 14 novel, 18 metrics and 16 domain
-questions), written for section 8aj's candidate before any score on them.
+questions), written for section 8aj's candidate before any score on them. Batch 13: 48
+more (907 grades, six without a page graded 2; 19 novel, 15 metrics and 14 domain
+questions), the test of section 8ak's threshold, before any score on them. Batch 14: 48
+more (913 grades, six without a page graded 2; 18 novel, 16 metrics and 14 domain
+questions), written after that threshold shipped, before any score on them.
 
 `bench/data/financebench_train_labels.jsonl` (`--training-filings`): 48 questions
 written and graded the same way on the 14 filings of the companies training keeps
@@ -205,9 +218,9 @@ def main() -> int:
                     help="BHP: 1, 2: the questions the model was chosen on; 3, 4: the confirmation of that choice; "
                          "5: written after the model shipped; 6: questions with the supplier's answer; "
                          "7: written after them, measured once (section 8y); 8: answered, graded on the hybrid "
-                         "pool, the threshold's test (section 8ac); 9-17: answered, fresh tests (8ad-8aj). "
-                         "Filings: 1, long answers; 2, short ones; 3, the threshold's test; 4-12: fresh tests "
-                         "(8ad-8aj) (default: all)")
+                         "pool, the threshold's test (section 8ac); 9-19: answered, fresh tests (8ad-8ak). "
+                         "Filings: 1, long answers; 2, short ones; 3, the threshold's test; 4-14: fresh tests "
+                         "(8ad-8ak) (default: all)")
     ap.add_argument("--question-only", action="store_true", help="leave the answers out of the queries")
     ap.add_argument("--reworded", action="store_true",
                     help="batch 6: the answers as reworded by another agent (the same facts, not the report's words)")
