@@ -67,6 +67,14 @@ MISSING_PROBLEMS = ("Tesseract was not found", "Tesseract has no language data")
 # with at most a stamp or page number as text.
 SHORT_TEXT_LETTERS = 50
 SCAN_IMAGE_COVER = 0.5
+# A figure printed as an image, with its caption as the only text layer (BHP's
+# Climate Transition Action Plan, page 9: a full-page table of actions and
+# emissions by sector under a 21-word caption): a page with fewer letters than
+# this that shows an image over SCAN_IMAGE_COVER of its area is read as well, and
+# the reading replaces the caption only when it holds FIGURE_GAIN times its
+# letters (a photo with a caption keeps its caption).
+FIGURE_CAPTION_LETTERS = 300
+FIGURE_GAIN = 2.0
 OUTLINED_TEXT_PATHS = 50
 # Renders above this many pixels are scaled down (a poster-sized page at 300 dpi
 # would be hundreds of megapixels).
@@ -226,18 +234,18 @@ def has_letters(text: str, n: int) -> bool:
     return sum(1 for _ in islice(_LETTER.finditer(text), n)) >= n
 
 
+def image_cover(page: pymupdf.Page) -> float:
+    """The share of the page's area that its images cover."""
+    area = abs(page.rect) or 1.0
+    return sum(abs(pymupdf.Rect(bbox) & page.rect) for kind, bbox in page.get_bboxlog()
+               if kind in ("fill-image", "fill-imgmask")) / area
+
+
 def looks_scanned(page: pymupdf.Page, text_layer: str) -> bool:
     """A page with (almost) no text that shows an image over much of its area, or
     many drawn paths (glyphs turned into outlines)."""
-    area = abs(page.rect) or 1.0
-    image_area = 0.0
-    paths = 0
-    for kind, bbox in page.get_bboxlog():
-        if kind == "fill-image" or kind == "fill-imgmask":
-            image_area += abs(pymupdf.Rect(bbox) & page.rect)
-        elif kind in ("fill-path", "stroke-path"):
-            paths += 1
-    return image_area >= SCAN_IMAGE_COVER * area or paths >= OUTLINED_TEXT_PATHS
+    paths = sum(1 for kind, _ in page.get_bboxlog() if kind in ("fill-path", "stroke-path"))
+    return image_cover(page) >= SCAN_IMAGE_COVER or paths >= OUTLINED_TEXT_PATHS
 
 
 def shows_anything(page: pymupdf.Page) -> bool:
@@ -245,13 +253,32 @@ def shows_anything(page: pymupdf.Page) -> bool:
     return any(kind != "ignore-text" for kind, _ in page.get_bboxlog())
 
 
-def needs_ocr(page: pymupdf.Page, text_layer: str) -> bool:
-    """No usable text layer: junk, or too little text on a page that looks scanned."""
+def ocr_reason(page: pymupdf.Page, text_layer: str) -> str | None:
+    """Why the page needs Tesseract: ``junk`` (a text layer of glyph junk), ``scan``
+    (too little text on a page that looks scanned, or nothing but drawings),
+    ``figure`` (a caption under a figure printed as an image); None: it does not."""
     if is_garbage(text_layer):
-        return True
+        return "junk"
+    if has_letters(text_layer, FIGURE_CAPTION_LETTERS):
+        return None
     if has_letters(text_layer, SHORT_TEXT_LETTERS):
-        return False
-    return looks_scanned(page, text_layer) if text_layer.strip() else shows_anything(page)
+        return "figure" if image_cover(page) >= SCAN_IMAGE_COVER else None
+    scanned = looks_scanned(page, text_layer) if text_layer.strip() else shows_anything(page)
+    return "scan" if scanned else None
+
+
+def needs_ocr(page: pymupdf.Page, text_layer: str) -> bool:
+    """No usable text layer: junk, or too little text on a page that looks scanned,
+    or a caption under a figure printed as an image."""
+    return ocr_reason(page, text_layer) is not None
+
+
+def ocr_replaces(ocr_text: str, text_layer: str) -> bool:
+    """Whether Tesseract's reading of a page improves on its text layer: more
+    letters than a stamp or a page number; FIGURE_GAIN times those of a caption."""
+    layer = letters(text_layer)
+    needed = layer if layer < SHORT_TEXT_LETTERS else FIGURE_GAIN * layer
+    return letters(ocr_text) > needed
 
 
 # -- reading a page -------------------------------------------------------------
@@ -312,9 +339,9 @@ def read_rendered(page: Rendered, engine: OcrEngine, pool: "TesseractPool", run:
     except OcrError as exc:
         return PageText(page.kept, page.fallback, languages=run.languages, problem=str(exc))
     seconds += page.seconds
-    # a short text layer (a stamp, a page number) that OCR did not improve on
-    # stays; a page where OCR found no letters at all had nothing to read
-    if engine.mode != "force" and letters(text) <= letters(page.kept):
+    # a short text layer (a stamp, a page number, a photo's caption) that OCR did
+    # not improve on stays; a page where OCR found no letters had nothing to read
+    if engine.mode != "force" and not ocr_replaces(text, page.kept):
         return PageText(page.kept, TEXT if page.kept.strip() else NONE, seconds=seconds, languages=run.languages)
     return PageText(text, OCR, confidence=confidence, seconds=seconds, languages=run.languages)
 

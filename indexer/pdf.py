@@ -11,7 +11,7 @@ from typing import Callable, Iterable
 
 import pymupdf
 
-from evidentia.indexer.ocr import (NONE, OCR, SHORT_TEXT_LETTERS, TEXT, UNREAD, OcrEngine, PageText, Rendered,
+from evidentia.indexer.ocr import (FIGURE_CAPTION_LETTERS, NONE, OCR, TEXT, UNREAD, OcrEngine, PageText, Rendered,
                                    TesseractPool, TesseractRun, has_letters, is_garbage, prepare_page, read_rendered)
 from evidentia.language import CONFIDENT, LanguageDetector
 from evidentia.records import Document, Page
@@ -109,7 +109,7 @@ def extract_pages(path: Path, doc_id: str, detector: LanguageDetector, ocr: OcrE
         results: list[PageText | None] = [None] * doc.page_count
         for index, layer in enumerate(raw_layers):
             # plenty of real text: settled without looking at the page's drawings
-            if engine.mode != "force" and has_letters(layer, SHORT_TEXT_LETTERS) and not is_garbage(layer):
+            if engine.mode != "force" and has_letters(layer, FIGURE_CAPTION_LETTERS) and not is_garbage(layer):
                 results[index] = PageText(layer, TEXT)
         # The document prior: the language of its readable pages guides the OCR of
         # the others; a document with none takes the first confident OCR'd page's.

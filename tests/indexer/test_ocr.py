@@ -190,6 +190,64 @@ def test_a_stamp_on_a_scan_does_not_hide_it(tmp_path):
     assert page.text_source == "ocr" and "northwind" in page.text.lower()
 
 
+CAPTION = "Figure 2: Overview of the certified management system, by site and by year of its audit."
+
+
+def figure_pdf(path: Path, picture: str | None) -> Path:
+    """A page whose only text layer is a caption above a picture covering most of it:
+    ``picture`` written and rendered into the image (a figure printed as an image,
+    a table of figures say), or None for a photo (a grey gradient, no text)."""
+    out = pymupdf.open()
+    page = out.new_page(width=420, height=300)
+    page.insert_text((24, 20), CAPTION, fontsize=7, fontname="helv")
+    frame = pymupdf.Rect(0, 30, 420, 300)
+    if picture is not None:
+        src = pymupdf.open()
+        pix = write_page(src, picture).get_pixmap(dpi=150, colorspace=pymupdf.csGRAY)
+        page.insert_image(frame, pixmap=pix)
+        src.close()
+    else:
+        pix = pymupdf.Pixmap(pymupdf.csGRAY, pymupdf.IRect(0, 0, 420, 270), False)
+        pix.set_rect(pix.irect, (128,))
+        for x in range(0, 420, 6):  # soft vertical bands: a picture, nothing to read
+            pix.set_rect(pymupdf.IRect(x, 0, x + 3, 270), (110 + x % 40,))
+        page.insert_image(frame, pixmap=pix)
+    out.save(path)
+    out.close()
+    return path
+
+
+def test_a_captioned_figure_is_sent_to_ocr_and_a_text_page_is_not(tmp_path):
+    figure = pymupdf.open(figure_pdf(tmp_path / "figure.pdf", TEXTS["en"]))[0]
+    layer = figure.get_text()
+    assert 50 <= ocr_mod.letters(layer) < ocr_mod.FIGURE_CAPTION_LETTERS
+    assert ocr_mod.needs_ocr(figure, layer)
+    # the same caption on a page without a picture is the page's whole text
+    plain = pymupdf.open().new_page(width=420, height=300)
+    plain.insert_text((24, 20), CAPTION, fontsize=7, fontname="helv")
+    assert not ocr_mod.needs_ocr(plain, plain.get_text())
+    # the OCR replaces a caption only when it reads twice its letters
+    assert not ocr_mod.ocr_replaces(CAPTION + " a few letters", CAPTION)
+    assert ocr_mod.ocr_replaces(CAPTION + " " + TEXTS["en"], CAPTION)
+    assert ocr_mod.ocr_replaces("p. 1 and a stamp", "p. 1")  # a scan's stamp: any improvement
+
+
+@needs_tesseract
+def test_a_figure_printed_as_an_image_is_read_with_its_caption(tmp_path):
+    page = extract_pages(figure_pdf(tmp_path / "figure.pdf", TEXTS["en"]), "f", LanguageDetector(),
+                         ocr=TESSERACT).pages[0]
+    assert page.text_source == "ocr"
+    found = set(words(page.text))
+    assert {"northwind", "copper", "greenhouse"} <= found  # the figure's own words
+    assert {"overview", "certified", "audit"} <= found  # and its caption's
+
+
+@needs_tesseract
+def test_a_photo_keeps_its_caption_exactly(tmp_path):
+    page = extract_pages(figure_pdf(tmp_path / "photo.pdf", None), "p", LanguageDetector(), ocr=TESSERACT).pages[0]
+    assert page.text_source == "text" and page.text.split() == CAPTION.split()
+
+
 @needs_tesseract
 def test_cli_index_reports_ocr_and_docs_counts(tmp_path, three_languages, monkeypatch):
     from evidentia.cli import app
