@@ -97,6 +97,12 @@ They are not expert annotations: read the figures as a second opinion on real
 documents beside ClimRetrieve's expert labels, and the ungraded pages (4) as not
 relevant.
 
+Page 9 of the Action Plan is a figure printed as an image; until the indexer read such
+figures (docs/BENCHMARKS.md 8al) its text was its 21-word caption, and its graders
+graded that (112 of the plan's 236 questions, no 2). `bench/data/bhp_figure_regrades.jsonl`
+holds it regraded from its image against all 236 by two other agents (25 graded 2, 44
+graded 1); ``--figure-regrades`` applies them. The labels above are kept as graded.
+
     EVIDENTIA_DATA_DIR=/tmp/bhp evidentia index ../shared/data/csr-samples
     python bench/report_labels.py --min-grade 2 --batch 3 --batch 4 --batch 5 > bhp-direct.jsonl
     EVIDENTIA_DATA_DIR=/tmp/bhp evidentia eval --queries bhp-direct.jsonl \
@@ -169,19 +175,37 @@ FILING_LABELS = Path(__file__).with_name("data") / "financebench_heldout_labels.
 # questions written and graded the same way on the filings of the companies training
 # keeps (training/splits/heldout.json): training data of the shipped model (README)
 TRAINING_FILING_LABELS = Path(__file__).with_name("data") / "financebench_train_labels.jsonl"
+# The Action Plan's page 9 (a figure printed as an image) regraded from its image against
+# every question of that report: its graders had its 21-word caption as its text
+# (docs/BENCHMARKS.md 8al). Applied with --figure-regrades only.
+FIGURE_REGRADES = Path(__file__).with_name("data") / "bhp_figure_regrades.jsonl"
 
 
 def queries(labels: Path, min_grade: int, batches: tuple[int, ...] | None = None,
-            question_only: bool = False, reworded: bool = False) -> list[dict]:
+            question_only: bool = False, reworded: bool = False, regrades: Path | None = None) -> list[dict]:
     """One query per (document, question) of the given batches, in file order;
     relevant: the pages graded at least ``min_grade``; ``partly_relevant_pages``: those
     graded 1 below it (training leaves them out; evaluation counts them not relevant). A
     question without a relevant page in a document is kept (a query without evidence:
     what the threshold returns for it is measured too). ``question_only``: the answers left out; ``reworded``: each
-    answer as reworded (``answer_reworded``) where a row has one."""
+    answer as reworded (``answer_reworded``) where a row has one. ``regrades``: rows of
+    (doc_id, page, question, grade) that replace that page's grade for that question,
+    or grade it where it was not graded."""
     rows = [json.loads(line) for line in labels.read_text(encoding="utf-8").splitlines() if line.strip()]
     if batches is not None:
         rows = [row for row in rows if row["batch"] in batches]
+    if regrades is not None:
+        override = {(r["doc_id"], r["page"], r["question"]): r["grade"]
+                    for r in map(json.loads, filter(str.strip, regrades.read_text(encoding="utf-8").splitlines()))}
+        first = {}
+        for row in rows:
+            first.setdefault((row["doc_id"], row["question"]), row)
+        graded = {(row["doc_id"], row["page"], row["question"]) for row in rows}
+        rows = [{**row, "grade": override.get((row["doc_id"], row["page"], row["question"]), row["grade"])}
+                for row in rows]
+        rows += [{**first[(doc_id, question)], "page": page, "grade": grade}
+                 for (doc_id, page, question), grade in override.items()
+                 if (doc_id, question) in first and (doc_id, page, question) not in graded]
     out: dict[tuple[str, str], dict] = {}
     for row in rows:
         key = (row["doc_id"], row["question"])
@@ -224,12 +248,16 @@ def main() -> int:
     ap.add_argument("--question-only", action="store_true", help="leave the answers out of the queries")
     ap.add_argument("--reworded", action="store_true",
                     help="batch 6: the answers as reworded by another agent (the same facts, not the report's words)")
+    ap.add_argument("--figure-regrades", action="store_true",
+                    help=f"BHP: the Action Plan's page 9, a figure, as regraded from its image ({FIGURE_REGRADES.name})")
     args = ap.parse_args()
     labels = FILING_LABELS if args.filings else TRAINING_FILING_LABELS if args.training_filings else args.labels
     if args.question_only and args.reworded:
         ap.error("--question-only and --reworded exclude each other")
+    if args.figure_regrades and (args.filings or args.training_filings):
+        ap.error("--figure-regrades applies to the BHP reports' labels")
     found = queries(labels, args.min_grade, tuple(args.batch) if args.batch else None, args.question_only,
-                    args.reworded)
+                    args.reworded, FIGURE_REGRADES if args.figure_regrades else None)
     if args.batch and not found:
         ap.error(f"no batch {', '.join(map(str, args.batch))} in {labels.name}")
     for query in found:

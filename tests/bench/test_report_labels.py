@@ -177,3 +177,24 @@ def test_report_crossfit_scores_each_query_with_neither_its_report_nor_its_quest
     # a page graded 1 is listed apart (left out of training), never as relevant
     assert any(q["partly_relevant_pages"] for q in graded)
     assert all(not set(q["relevant_pages"]) & set(q["partly_relevant_pages"]) for q in graded)
+
+
+def test_figure_regrades_change_only_the_figure_page():
+    module = _report_labels()
+    regrades = [json.loads(line) for line in module.FIGURE_REGRADES.read_text(encoding="utf-8").splitlines()]
+    rows = [json.loads(line) for line in module.LABELS.read_text(encoding="utf-8").splitlines() if line.strip()]
+    plan = "BHP_Climate_Transition_Action_Plan"
+    # every question asked of the Action Plan, regraded once, on page 9 alone
+    assert {(r["doc_id"], r["page"]) for r in regrades} == {(plan, 9)}
+    assert sorted(r["question"] for r in regrades) == sorted({r["question"] for r in rows if r["doc_id"] == plan})
+    before = module.queries(module.LABELS, 2)
+    after = module.queries(module.LABELS, 2, regrades=module.FIGURE_REGRADES)
+    assert [q["id"] for q in before] == [q["id"] for q in after]
+    twos = {r["question"] for r in regrades if r["grade"] == 2}
+    for old, new in zip(before, after):
+        if old["doc_id"] != plan:
+            assert new == old
+            continue
+        assert [p for p in new["relevant_pages"] if p != 9] == [p for p in old["relevant_pages"] if p != 9]
+        assert (9 in new["relevant_pages"]) == (old["question"] in twos)
+    assert sum(9 in q["relevant_pages"] for q in after) > sum(9 in q["relevant_pages"] for q in before)
