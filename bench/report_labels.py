@@ -109,7 +109,7 @@ graded 1); ``--figure-regrades`` applies them. The labels above are kept as grad
         --compare hybrid,hybrid+cosine,hybrid+classifier,hybrid+classifier@0.07 --run-out run.jsonl
     python bench/paired_bootstrap.py --run run.jsonl --queries bhp-direct.jsonl --pair hybrid:hybrid+classifier
 
-`bench/data/financebench_heldout_labels.jsonl` (`--filings`) holds 672 questions on the
+`bench/data/financebench_heldout_labels.jsonl` (`--filings`) holds 720 questions on the
 17 filings of the six companies the shipped model never saw
 (training/splits/heldout.json), to measure it on more than financebench's 27
 held-out queries (docs/BENCHMARKS.md section 8w). Written after the model shipped by
@@ -148,7 +148,10 @@ questions), written for section 8aj's candidate before any score on them. Batch 
 more (907 grades, six without a page graded 2; 19 novel, 15 metrics and 14 domain
 questions), the test of section 8ak's threshold, before any score on them. Batch 14: 48
 more (913 grades, six without a page graded 2; 18 novel, 16 metrics and 14 domain
-questions), written after that threshold shipped, before any score on them.
+questions), written after that threshold shipped, before any score on them. Batch 15: 48
+more (920 grades, three without a page graded 2; 18 novel, 16 metrics and 14 domain
+questions), written for section 8al's candidate before any score on them; its packets
+carry the index's page text, as every batch's does from 15 on.
 
 `bench/data/financebench_train_labels.jsonl` (`--training-filings`): 48 questions
 written and graded the same way on the 14 filings of the companies training keeps
@@ -243,8 +246,8 @@ def main() -> int:
                          "5: written after the model shipped; 6: questions with the supplier's answer; "
                          "7: written after them, measured once (section 8y); 8: answered, graded on the hybrid "
                          "pool, the threshold's test (section 8ac); 9-19: answered, fresh tests (8ad-8ak). "
-                         "Filings: 1, long answers; 2, short ones; 3, the threshold's test; 4-14: fresh tests "
-                         "(8ad-8ak) (default: all)")
+                         "Filings: 1, long answers; 2, short ones; 3, the threshold's test; 4-15: fresh tests "
+                         "(8ad-8al) (default: all)")
     ap.add_argument("--question-only", action="store_true", help="leave the answers out of the queries")
     ap.add_argument("--reworded", action="store_true",
                     help="batch 6: the answers as reworded by another agent (the same facts, not the report's words)")
