@@ -2,7 +2,7 @@
 
 import pymupdf
 
-from tests.indexer.test_ocr import FILLER, TEXTS, figure_pdf, scanned_pdf
+from tests.utils.scans import FILLER, TEXTS, figure_pdf, scanned_pdf
 from tests.utils.bench import bench_module
 
 
