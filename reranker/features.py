@@ -80,6 +80,7 @@ PAGE_FEATURE_NAMES = (
     "glossary_cos",     # cosine(GLOSSARY_PROBE, mean of the windows): how much the page reads like a glossary
     "window_cov_question",  # share of the question keywords' weight found in the page's best PASSAGE_TOKENS window
     "window_cov_answer",    # the same for the answer's word keywords (0 without them)
+    "title_page",       # 1 for a document's first page with fewer than TITLE_PAGE_WORDS words: a cover, a title
 )
 DOCUMENT_FEATURE_NAMES = (
     "doc_rank_cos",     # ln(1 + pages of the document with a higher cos_query)
@@ -122,6 +123,12 @@ _EVIDENCE_FEATURES = ("cos_query", "cos_question", "cos_query_mean", "cos_answer
                       "statement_item", "memory_relevant", "memory_margin", "memory_probe", "doc_gap_cos",
                       "doc_rel_bm25", "doc_z_cos", "doc_local_bm25")
 FEATURE_SIGNS = {**_RANK_SIGNS, **{name: +1 for name in _EVIDENCE_FEATURES}}
+# Page features left out of the relevance fit and fitted after it, with the document
+# calibration, as a term that can only lower a page (reranker/relevance_model.py,
+# DocumentCalibration). title_page in the relevance fit (docs/BENCHMARKS.md 8ak, C19)
+# moved the length weight with it, and thin pages of real reports came first; fitted
+# after it, every other weight stays as it was and only covers move.
+AFTER_FIT_PAGE_FEATURES = ("title_page",)
 # Features constant over a document, left out of the relevance fit and fitted after it
 # on the out-of-fold logits (reranker/relevance_model.py, calibrate_documents): they move
 # a document's probabilities, never the order of its pages. Without them a filing's
@@ -150,6 +157,14 @@ FEATURE_NAMES = ROW_FEATURE_NAMES + DOCUMENT_FEATURE_NAMES
 _ADAPTED = PAGE_FEATURE_NAMES.index("cos_query_adapted")
 _GLOSSARY = PAGE_FEATURE_NAMES.index("glossary_cos")
 _WINDOW = PAGE_FEATURE_NAMES.index("window_cov_question")
+_TITLE = PAGE_FEATURE_NAMES.index("title_page")
+# A report's cover holds its title and little else ("Westpac 2023 climate report"), and
+# reads, to the bi-encoder, like every sustainability question; with few words it also
+# looked like the short expert passages that are evidence. Cross-fitted by company, 3 of
+# the 10 printed report questions that lost their first place to hybrid put the cover
+# first (p 0.36-0.55), and the cover was kept at t in 20 of the 51 held-out printed
+# pools (docs/BENCHMARKS.md 8al). A first page this short is not evidence.
+TITLE_PAGE_WORDS = 30
 _RRF_K = 60.0
 # A page whose windows read, on average, like this is a glossary: it defines the terms
 # of a question and answers none. On the two graded BHP reports their glossaries score
@@ -739,6 +754,7 @@ class FeatureExtractor:
                 stems[key] = page_stems(key)
             out[i, 4:_ADAPTED] = lexical_features(terms, key, self.stats, stems[key])
             out[i, _WINDOW:_WINDOW + 2] = passage_coverage(terms, stems[key])
+            out[i, _TITLE] = float(page == 1 and len(stems[key]) < TITLE_PAGE_WORDS)
             if vectors.size and vectors.shape[1] == len(adapted_vec):
                 out[i, _ADAPTED] = float((vectors @ adapted_vec).max())
             if match is not None and vectors.size and vectors.shape[1] == len(q_vec):

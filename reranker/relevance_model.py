@@ -19,7 +19,8 @@ from typing import Sequence
 
 import numpy as np
 
-from evidentia.reranker.features import CALIBRATION_FEATURES, FEATURE_NAMES, FEATURE_SIGNS, PoolFeatures
+from evidentia.reranker.features import (AFTER_FIT_PAGE_FEATURES, CALIBRATION_FEATURES, FEATURE_NAMES, FEATURE_SIGNS,
+                                         PoolFeatures)
 
 KIND = "features"
 
@@ -133,8 +134,8 @@ def _targets(labels: Sequence[float]) -> tuple[np.ndarray, np.ndarray, np.ndarra
 def fit(features: np.ndarray, labels: Sequence[float], weights: Sequence[float] | None = None,
         regularisation: float = 1.0) -> FeatureModel:
     """L2-regularised logistic regression on standardised features, the weights of
-    FEATURE_SIGNS held to their sign and those of CALIBRATION_FEATURES at 0 (see
-    calibrate_documents). ``labels``: 0/1 or a probability of relevance;
+    FEATURE_SIGNS held to their sign and those of CALIBRATION_FEATURES and
+    AFTER_FIT_PAGE_FEATURES at 0 (see calibrate_documents). ``labels``: 0/1 or a probability of relevance;
     ``weights``: per-row weight (default 1)."""
     x = np.asarray(features, dtype=np.float64)
     if x.ndim != 2 or x.shape[1] != len(FEATURE_NAMES):
@@ -152,17 +153,20 @@ def fit(features: np.ndarray, labels: Sequence[float], weights: Sequence[float] 
     z = (x - mean) / scale
     coef, bias = _sign_constrained_logistic(z[rows], y.astype(np.float64), w, regularisation,
                                             [FEATURE_SIGNS.get(n, 0) for n in FEATURE_NAMES],
-                                            fixed=[n in CALIBRATION_FEATURES for n in FEATURE_NAMES])
+                                            fixed=[n in CALIBRATION_FEATURES or n in AFTER_FIT_PAGE_FEATURES
+                                                   for n in FEATURE_NAMES])
     return FeatureModel(FEATURE_NAMES, mean.tolist(), scale.tolist(), coef.tolist(), bias)
 
 
 _CALIBRATION_COLUMNS = [FEATURE_NAMES.index(n) for n in CALIBRATION_FEATURES]
+_AFTER_FIT_COLUMNS = [FEATURE_NAMES.index(n) for n in AFTER_FIT_PAGE_FEATURES]
 
 
 @dataclass(frozen=True)
 class DocumentCalibration:
-    """logit' = a * logit + shift + doc_coef . c + (gap_coef[0] + gap_coef[1:] . c) * gap,
-    c the page's CALIBRATION_FEATURES, gap = logit - the best logit among its
+    """logit' = a * logit + shift + doc_coef . c + page_coef . f + (gap_coef[0] + gap_coef[1:] . c) * gap,
+    c the page's CALIBRATION_FEATURES, f its AFTER_FIT_PAGE_FEATURES (page_coef <= 0:
+    they only lower a page, a cover), gap = logit - the best logit among its
     document's pages (<= 0).
 
     Why the gap term: a pointwise model gave the pages just below a filing's best
@@ -175,6 +179,7 @@ class DocumentCalibration:
     shift: float
     doc_coef: tuple[float, ...]
     gap_coef: tuple[float, ...] = ()
+    page_coef: tuple[float, ...] = ()
 
     @classmethod
     def fit(cls, logits: np.ndarray, features: np.ndarray, labels: Sequence[float],
@@ -182,22 +187,25 @@ class DocumentCalibration:
         rows, y, w = _targets(labels)
         design = cls._design(logits, features, best_logits)
         n_doc = len(_CALIBRATION_COLUMNS)
+        n_page = len(_AFTER_FIT_COLUMNS)
         n_gap = 0 if best_logits is None else 1 + n_doc
         # L2 at scikit-learn's default: nothing against thousands of pages, but a few
         # separable ones (a small retrain) must not stretch the logit without bound.
         # The gap weights >= 0: a page never gains by standing further below its document's best.
         coef, shift = _sign_constrained_logistic(design[rows], y.astype(np.float64), w, 1.0,
-                                                 [+1] + [0] * n_doc + [+1] * n_gap)
+                                                 [+1] + [0] * n_doc + [-1] * n_page + [+1] * n_gap)
         if coef[0] <= 0.0:  # the logit carries no signal here: leave it as it is
-            return cls(1.0, 0.0, (0.0,) * n_doc)
+            return cls(1.0, 0.0, (0.0,) * n_doc, (), (0.0,) * n_page)
         return cls(float(coef[0]), float(shift), tuple(float(c) for c in coef[1:1 + n_doc]),
-                   tuple(float(c) for c in coef[1 + n_doc:]))
+                   tuple(float(c) for c in coef[1 + n_doc + n_page:]),
+                   tuple(float(c) for c in coef[1 + n_doc:1 + n_doc + n_page]))
 
     @staticmethod
     def _design(logits: np.ndarray, features: np.ndarray, best_logits: np.ndarray | None) -> np.ndarray:
         z = np.asarray(logits, dtype=np.float64)
-        c = np.asarray(features, dtype=np.float64)[:, _CALIBRATION_COLUMNS]
-        columns = [z[:, None], c]
+        x = np.asarray(features, dtype=np.float64)
+        c = x[:, _CALIBRATION_COLUMNS]
+        columns = [z[:, None], c, x[:, _AFTER_FIT_COLUMNS]]
         if best_logits is not None:
             gap = (z - np.maximum(np.asarray(best_logits, dtype=np.float64), z))[:, None]
             columns += [gap, gap * c]
@@ -205,16 +213,18 @@ class DocumentCalibration:
 
     def logits(self, logits: np.ndarray, features: np.ndarray, best_logits: np.ndarray | None = None) -> np.ndarray:
         design = self._design(logits, features, best_logits if self.gap_coef else None)
-        return design @ np.asarray((self.a, *self.doc_coef, *self.gap_coef)) + self.shift
+        page_coef = self.page_coef or (0.0,) * len(_AFTER_FIT_COLUMNS)
+        return design @ np.asarray((self.a, *self.doc_coef, *page_coef, *self.gap_coef)) + self.shift
 
     def applied_to(self, model: FeatureModel) -> FeatureModel:
         """The same model with the calibration folded into its weights and document gap
         (`evidentia calibrate` rescales it as before). The document features are
         constant over a document, so the gap of the folded logit is a times the gap of
-        the old one."""
+        the old one, except where an after-fit page feature lowered the document's best
+        page (a cover first): its other pages then stand nearer the new best."""
         weights = [self.a * v for v in model.weights]
         bias = self.a * model.bias + self.shift
-        for j, c in zip(_CALIBRATION_COLUMNS, self.doc_coef):
+        for j, c in zip(_CALIBRATION_COLUMNS + _AFTER_FIT_COLUMNS, self.doc_coef + self.page_coef):
             weights[j] = c * model.scale[j]
             bias += c * model.mean[j]
         gap = tuple(c / self.a for c in self.gap_coef)
@@ -228,9 +238,10 @@ def calibrate_documents(model: FeatureModel, logits: np.ndarray, features: np.nd
     by a model that never saw its document) together with CALIBRATION_FEATURES,
     a > 0, and, given ``best_logits`` (the best out-of-fold logit among each page's
     document's pages), the document gap. The document features and the best logit
-    are constant over a document, so the order of its pages stays; what moves is how
-    probable a document's pages are (a filing's against a report's) and how far
-    those below its best page fall."""
+    are constant over a document, so the order of its pages stays, but for the pages
+    AFTER_FIT_PAGE_FEATURES lower (a cover); what moves is how probable a document's
+    pages are (a filing's against a report's) and how far those below its best page
+    fall."""
     return DocumentCalibration.fit(logits, features, labels, best_logits).applied_to(model)
 
 

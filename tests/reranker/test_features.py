@@ -11,7 +11,7 @@ import pytest
 
 from evidentia.records import Candidate
 from evidentia.retriever.query import build_query
-from evidentia.reranker.features import (CALIBRATION_FEATURES, DOCUMENT_FEATURE_NAMES, FEATURE_NAMES, FEATURE_SIGNS, PAGE_FEATURE_NAMES, ROW_FEATURE_NAMES,
+from evidentia.reranker.features import (AFTER_FIT_PAGE_FEATURES, CALIBRATION_FEATURES, DOCUMENT_FEATURE_NAMES, FEATURE_NAMES, FEATURE_SIGNS, PAGE_FEATURE_NAMES, ROW_FEATURE_NAMES,
                                          FeatureExtractor,
                                          COVERAGE_ENOUGH, TermStatistics, coverage_shortfall, document_coverage,
                                          document_features, lexical_features, local_bm25, name_missing, page_stems, passage_coverage,
@@ -159,6 +159,17 @@ def test_a_glossary_reads_as_one_whatever_the_question(embedder):
     other = ext.features("What were the company's scope 1 and 2 emissions?", "", pages)
     np.testing.assert_allclose(other[:, column], rows[:, column], atol=1e-6)
     assert ext.features(QUESTION, ANSWER, [("d", 5, "")])[0, column] == 0.0  # no text, no likeness
+
+
+def test_a_short_first_page_reads_as_a_title_page(embedder):
+    """title_page: a document's first page with a title and little else, whatever the
+    query; not a long first page, not a short page further in, not a page of no number."""
+    ext = FeatureExtractor(embedder)
+    column = FEATURE_NAMES.index("title_page")
+    cover = "Westpac 2023 climate report"
+    pages = [("d", 1, cover), ("e", 1, CAPEX + " " + STAFF), ("d", 7, cover), (None, None, cover)]
+    assert ext.features(QUESTION, ANSWER, pages)[:, column].tolist() == [1.0, 0.0, 0.0, 0.0]
+    assert ext.features("What were the company's scope 1 and 2 emissions?", "", pages[:1])[0, column] == 1.0
 
 
 DOCUMENT = [(1, CONTENTS), (2, STAFF), (3, CAPEX), (4, STAFF + " Benefits and pensions.")]
@@ -321,7 +332,7 @@ def test_fit_matches_scikit_learn_where_no_sign_binds():
     from sklearn.linear_model import LogisticRegression
 
     x, y = _toy(2000, seed=3)
-    bound = set(FEATURE_SIGNS) | set(CALIBRATION_FEATURES)
+    bound = set(FEATURE_SIGNS) | set(CALIBRATION_FEATURES) | set(AFTER_FIT_PAGE_FEATURES)
     free = [j for j, n in enumerate(FEATURE_NAMES) if n not in bound]
     x[:, [FEATURE_NAMES.index(n) for n in bound]] = 0.0  # constant: no constraint can bind
     m = fit(x, y, regularisation=0.5)
@@ -385,6 +396,39 @@ def test_document_calibration_moves_a_document_never_the_order_of_its_pages():
     np.testing.assert_allclose(again.probabilities(x), p)
     oof = calibrated_out_of_fold(logits, x, y, groups)
     assert abs(oof[high].mean() - y[high].mean()) < 0.03
+
+
+def test_a_cover_is_lowered_after_the_fit_and_no_other_weight_moves():
+    from evidentia.reranker.relevance_model import calibrate_documents, out_of_fold
+
+    # documents of 20 pages whose first page is a title page: it looks like evidence
+    # (high on feature 0) and never is
+    rng = np.random.default_rng(11)
+    n = 8000
+    x = np.zeros((n, len(FEATURE_NAMES)))
+    x[:, 0] = rng.normal(size=n)
+    y = (rng.random(n) < 1 / (1 + np.exp(-(2 * x[:, 0] - 1)))).astype(float)
+    cover = np.arange(n) % 20 == 0
+    title = FEATURE_NAMES.index("title_page")
+    x[cover, title] = 1.0
+    x[cover, 0] = 1.5
+    y[cover] = 0.0
+    groups = [f"d{i // 20}" for i in range(n)]
+    model = fit(x, y)
+    assert model.weights[title] == 0.0  # left out of the relevance fit
+    logits = out_of_fold(x, y, groups, logits=True)
+    calibrated = calibrate_documents(model, logits, x, y)
+    assert calibrated.weights[title] < -1.0  # a cover is lowered
+    others = [j for j, n in enumerate(FEATURE_NAMES) if n not in CALIBRATION_FEATURES and j != title]
+    ratio = np.asarray(calibrated.weights)[others][0] / np.asarray(model.weights)[others][0]
+    np.testing.assert_allclose(np.asarray(calibrated.weights)[others], ratio * np.asarray(model.weights)[others])
+    p = calibrated.probabilities(x)
+    assert p[cover].mean() < 0.1 < model.probabilities(x[cover]).mean()
+    # the order of the other pages of a document is the model's
+    pages = np.arange(1, 20)
+    assert list(np.argsort(p[pages])) == list(np.argsort(model.probabilities(x[pages])))
+    again = FeatureModel.from_dict(calibrated.to_dict())
+    np.testing.assert_allclose(again.probabilities(x), p)
 
 
 def _one_answer_documents(n_docs=240, pages=20, seed=7):
