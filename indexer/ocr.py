@@ -234,18 +234,30 @@ def has_letters(text: str, n: int) -> bool:
     return sum(1 for _ in islice(_LETTER.finditer(text), n)) >= n
 
 
+def drawings(page: pymupdf.Page) -> tuple[float, int]:
+    """The share of the page's area that its images cover, and how many paths it
+    draws: one pass over the page's drawing log."""
+    area = abs(page.rect) or 1.0
+    image_area = 0.0
+    paths = 0
+    for kind, bbox in page.get_bboxlog():
+        if kind == "fill-image" or kind == "fill-imgmask":
+            image_area += abs(pymupdf.Rect(bbox) & page.rect)
+        elif kind in ("fill-path", "stroke-path"):
+            paths += 1
+    return image_area / area, paths
+
+
 def image_cover(page: pymupdf.Page) -> float:
     """The share of the page's area that its images cover."""
-    area = abs(page.rect) or 1.0
-    return sum(abs(pymupdf.Rect(bbox) & page.rect) for kind, bbox in page.get_bboxlog()
-               if kind in ("fill-image", "fill-imgmask")) / area
+    return drawings(page)[0]
 
 
 def looks_scanned(page: pymupdf.Page, text_layer: str) -> bool:
     """A page with (almost) no text that shows an image over much of its area, or
     many drawn paths (glyphs turned into outlines)."""
-    paths = sum(1 for kind, _ in page.get_bboxlog() if kind in ("fill-path", "stroke-path"))
-    return image_cover(page) >= SCAN_IMAGE_COVER or paths >= OUTLINED_TEXT_PATHS
+    cover, paths = drawings(page)
+    return cover >= SCAN_IMAGE_COVER or paths >= OUTLINED_TEXT_PATHS
 
 
 def shows_anything(page: pymupdf.Page) -> bool:
