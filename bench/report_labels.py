@@ -88,6 +88,11 @@ round later, the shipped model unchanged (section 8v).
   graded 2), before any score on them: the test of section 8al's candidate. Its graders
   read the index's page text (the Action Plan's page 9 as its figure reads), where the
   earlier batches' read the PDF's text layer.
+- batch 21: twenty-four more, the same way (554 grades), before any score on them: the
+  test of section 8am's candidate. Each question's pages to grade are the union of its
+  hybrid pools with and without the answer (and the writer's), so that the question
+  asked alone is graded on its own pool. Two Action Plan questions have no page graded
+  2: their answers are the glossary's definitions, which the rubric grades 0.
 
 Who graded: four LLM agents, each given a quarter of the pages, the twelve
 questions and this rubric, and nothing of any ranking or probability:
@@ -175,9 +180,9 @@ import sys
 from pathlib import Path
 
 LABELS = Path(__file__).with_name("data") / "bhp_page_labels.jsonl"
-BATCHES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20)
-ANSWERED_BATCHES = (6, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20)  # questions with the supplier's answer, each asked of one report
-POOL_GRADED_BATCHES = (8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20)  # graded on the pages of the hybrid pool (and the writer's), not every page
+BATCHES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21)
+ANSWERED_BATCHES = (6, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21)  # questions with the supplier's answer, each asked of one report
+POOL_GRADED_BATCHES = (8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21)  # graded on the pages of the hybrid pool (21: with and without the answer; and the writer's), not every page
 FILING_LABELS = Path(__file__).with_name("data") / "financebench_heldout_labels.jsonl"
 # questions written and graded the same way on the filings of the companies training
 # keeps (training/splits/heldout.json): training data of the shipped model (README)
@@ -249,7 +254,7 @@ def main() -> int:
                     help="BHP: 1, 2: the questions the model was chosen on; 3, 4: the confirmation of that choice; "
                          "5: written after the model shipped; 6: questions with the supplier's answer; "
                          "7: written after them, measured once (section 8y); 8: answered, graded on the hybrid "
-                         "pool, the threshold's test (section 8ac); 9-20: answered, fresh tests (8ad-8al). "
+                         "pool, the threshold's test (section 8ac); 9-21: answered, fresh tests (8ad-8am). "
                          "Filings: 1, long answers; 2, short ones; 3, the threshold's test; 4-15: fresh tests "
                          "(8ad-8al) (default: all)")
     ap.add_argument("--question-only", action="store_true", help="leave the answers out of the queries")

@@ -64,12 +64,13 @@ def test_answered_batch_grades_every_page_of_its_report_against_each_answer():
 
 
 def test_pool_graded_batch_grades_each_answer_on_its_pool_and_its_writers_pages():
-    """Batches 8 to 20, the fresh tests: each pair graded on the pages of its hybrid pool
-    of 20 and the writer's, blind; twelve pairs a report, each with an answering page,
-    but for one of batch 19 whose definition only the glossary states (graded 0, as the
-    rubric says of a glossary): a query without evidence, a miss for every configuration."""
+    """Batches 8 to 21, the fresh tests: each pair graded on the pages of its hybrid pool
+    of 20 (21: its pools with and without the answer) and the writer's, blind; twelve
+    pairs a report, each with an answering page, but for one of batch 19 and two of 21
+    whose definitions only the glossary states (graded 0, as the rubric says of a
+    glossary): queries without evidence, a miss for every configuration."""
     module = _report_labels()
-    assert module.POOL_GRADED_BATCHES == (8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20)
+    assert module.POOL_GRADED_BATCHES == (8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21)
     rows = [json.loads(line) for line in module.LABELS.read_text(encoding="utf-8").splitlines() if line.strip()]
     for batch in module.POOL_GRADED_BATCHES:
         by_query: dict[tuple, list[dict]] = {}
@@ -84,7 +85,7 @@ def test_pool_graded_batch_grades_each_answer_on_its_pool_and_its_writers_pages(
             assert len({r["answer"] for r in graded}) == 1 and graded[0]["answer"].strip()
             assert any(r["cited_by_writer"] for r in graded)
             without_evidence += not any(r["grade"] == 2 for r in graded)
-        assert without_evidence == (1 if batch == 19 else 0), batch
+        assert without_evidence == {19: 1, 21: 2}.get(batch, 0), batch
         found = module.queries(module.LABELS, 2, (batch,))
         assert len(found) == 24 and all(q["answer"] for q in found)
         assert sum(not q["relevant_pages"] for q in found) == without_evidence
