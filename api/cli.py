@@ -30,6 +30,11 @@ def serve_command(
 
     from evidentia.api.app import create_app
 
+    from evidentia.console import fail
+
+    if log_level.lower() not in ("critical", "error", "warning", "info", "debug"):
+        raise fail(f"--log-level {log_level!r}: use critical, error, warning, info or debug")
+    log_level = log_level.lower()
     settings = _settings()
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(settings)

@@ -7,7 +7,9 @@ a file that cannot be read, or that passes a limit (memory, time, characters,
 content size), ends ``failed`` with the reason and leaves nothing in the index.
 The threads only wait on the child (no GIL held), so the API's event loop
 never stalls on a hostile file, and EVIDENTIA_INDEX_WORKERS documents are
-extracted at once, so one slow file does not hold up every other tenant.
+extracted at once, served fairly between tenants (TenantFairQueue: with several
+tenants, one holds at most all workers but one), so one tenant's slow files never
+hold up another's.
 With EVIDENTIA_DENSE=on its pages are embedded (the services'
 one ``PageEmbedder``) before anything is written, so an embedding failure
 also ends ``failed`` and leaves nothing behind. Every status change names the upload's ``generation``, so a
@@ -27,13 +29,14 @@ in a crash loop.
 
 from __future__ import annotations
 
+import collections
+import itertools
 import logging
-import queue
 import shutil
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from evidentia.indexer.pdf import PdfError
 from evidentia.indexer.worker import BoundedCall, ExtractionLimits, WorkFailed, extraction_call
@@ -49,10 +52,78 @@ log = logging.getLogger("evidentia.api.indexing")
 BACKEND_ATTEMPTS = 3
 
 
+class TenantFairQueue:
+    """The uploads waiting for an indexing worker, served so that no tenant waits on
+    another's: the next upload is the oldest of the tenant with the fewest in hand, and
+    where there are other tenants (``shared()``) a tenant holds at most ``workers - 1``
+    workers, so another tenant's upload always finds one free. Why: with one queue, two
+    slow uploads of one tenant (a 350,000-stroke page, a 2,000-page scan) held both
+    workers, and another tenant's three-page report waited 167 s (up to the extraction
+    limit, 300 s). A server of one tenant keeps every worker. ``None`` (stop) is served
+    before any upload."""
+
+    def __init__(self, workers: int, shared: "Callable[[], bool]" = lambda: True) -> None:
+        self._workers = workers
+        self._shared = shared
+        self._waiting: dict[str, collections.deque] = {}
+        self._in_hand: collections.Counter = collections.Counter()
+        self._stops = 0
+        self._ticket = itertools.count()  # arrival order across tenants
+        self._ready = threading.Condition()
+
+    def put(self, item: "tuple[str, str, str] | None") -> None:
+        with self._ready:
+            if item is None:
+                self._stops += 1
+            else:
+                self._waiting.setdefault(item[0], collections.deque()).append((next(self._ticket), item))
+            self._ready.notify_all()
+
+    def _next(self) -> "tuple[str, str, str] | None | bool":
+        if self._stops:
+            self._stops -= 1
+            return None
+        try:
+            shared = self._shared()
+        except Exception:  # the store unreadable (shutting down): keep the worker free, the safe side
+            shared = True
+        per_tenant = max(1, self._workers - 1) if shared else self._workers
+        open_tenants = [t for t, q in self._waiting.items() if q and self._in_hand[t] < per_tenant]
+        if not open_tenants:
+            return False
+        tenant = min(open_tenants, key=lambda t: (self._in_hand[t], self._waiting[t][0][0]))
+        _, item = self._waiting[tenant].popleft()
+        if not self._waiting[tenant]:
+            del self._waiting[tenant]
+        self._in_hand[tenant] += 1
+        return item
+
+    def get(self) -> "tuple[str, str, str] | None":
+        """The next upload to index (blocks until one may be taken), or None to stop."""
+        with self._ready:
+            while (item := self._next()) is False:
+                self._ready.wait()
+            return item
+
+    def task_done(self, item: "tuple[str, str, str] | None") -> None:
+        if item is None:
+            return
+        with self._ready:
+            self._in_hand[item[0]] -= 1
+            if self._in_hand[item[0]] <= 0:
+                del self._in_hand[item[0]]
+            self._ready.notify_all()
+
+    def qsize(self) -> int:
+        with self._ready:
+            return sum(len(q) for q in self._waiting.values())
+
+
 class IndexingWorker:
     def __init__(self, services: "Services") -> None:
         self.services = services
-        self.queue: "queue.Queue[tuple[str, str, str] | None]" = queue.Queue()
+        # a worker is kept free for the other tenants where the server has any
+        self.queue = TenantFairQueue(services.settings.index_workers, lambda: len(services.store.tenants()) > 1)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._running: dict[tuple[str, str, str], BoundedCall] = {}
@@ -146,7 +217,7 @@ class IndexingWorker:
             except Exception:  # one bad document must not stop the worker
                 log.exception("indexing %s failed unexpectedly", item)
             finally:
-                self.queue.task_done()
+                self.queue.task_done(item)
 
     def _fail(self, tenant: str, document_id: str, generation: str, reason: str) -> None:
         services = self.services
@@ -286,6 +357,8 @@ def ocr_stats(document) -> dict:
     """What the document row keeps of how its pages were read (see indexer/ocr.py)."""
     stats: dict = {"ocr_pages": document.ocr_pages, "unread_pages": document.unread_pages,
                    "ocr_confidence": document.ocr_confidence, "ocr_seconds": round(document.ocr_seconds, 2)}
-    if document.unread_pages:
+    if document.caption_only_pages:
+        stats["caption_only_pages"] = document.caption_only_pages
+    if document.unread_pages or document.caption_only_pages:
         stats["unread_reason"] = unread_reason(document.ocr_problem)
     return stats

@@ -59,6 +59,9 @@ class DocumentOut(BaseModel):
     ocr_confidence: float | None = Field(None, description="Mean OCR word confidence over the OCR'd pages, 0-100.")
     unread_pages: int | None = Field(None, description="Pages that show something (a scan) but whose text could "
                                      "not be obtained: their evidence cannot be found.")
+    caption_only_pages: int | None = Field(None, description="Pages showing a scan or a figure printed as an image "
+                                           "that OCR could not read (see unread_reason): only their short text layer "
+                                           "(a caption, a stamp) is searched.")
     unread_reason: str | None = Field(None, description="Why pages were left unread (OCR off, Tesseract missing, "
                                       "OCR failed), and how to fix it.")
     created: str

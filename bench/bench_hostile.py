@@ -20,13 +20,18 @@ for memory under the defaults), asks for the image of its huge-image page
 loop: random bytes, all CR LF, all CR LF "--" (the parser's boundary search
 stops at every one), with the worst /health latency during each.
 
+``--parts queue``: the attacker uploads two slow but valid files at once (scans of
+30 pages each, read by OCR), then the victim uploads a three-page report: how long the
+victim's report waits for an indexing worker (with two workers and one queue it
+waited for one of the slow files; a tenant now holds at most all workers but one).
+
 Prints the outcome and reason of each file, its time to the outcome, the
 server's peak memory (children included), the worst /health and validate
 latencies and the victim's errors. ``--no-content-caps`` lifts the
 content-size caps so that the memory and time limits do the work; ``--parts
 multipart`` runs only the near-limit bodies.
 
-Usage: python bench/bench_hostile.py [--no-content-caps] [--parts files,multipart] [--json]
+Usage: python bench/bench_hostile.py [--no-content-caps] [--parts files,multipart,queue] [--json]
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests.utils
 from tests.utils import hostile_pdfs as H  # noqa: E402
+from tests.utils.scans import TEXTS, scanned_pdf  # noqa: E402
 
 from evidentia.config import Settings  # noqa: E402
 from evidentia.samples import SAMPLE_ANSWER, SAMPLE_QUESTION, write_sample_report  # noqa: E402
@@ -208,6 +214,32 @@ def upload_near_limit(mon: "Monitor", attacker: httpx.Client, url: str, report: 
         print(f"multipart {name}: {r.status_code} in {seconds:.1f} s", file=sys.stderr)
 
 
+def slow_uploads_then_a_victims(mon: "Monitor", attacker: httpx.Client, victim: httpx.Client, url: str, work: Path,
+                                report: dict) -> None:
+    """Two slow, valid uploads of the attacker at once, then the victim's small report:
+    the victim's time to ready, and the slow files' times."""
+    mon.phase = "slow_uploads_queue"
+    scans = [scanned_pdf(work / "files" / f"scan_{i}.pdf", [TEXTS["en"], TEXTS["fr"], TEXTS["de"]] * 10)
+             for i in (1, 2)]
+    t0 = time.perf_counter()
+    for i, path in enumerate(scans, 1):
+        attacker.post(url + "/v1/documents", data={"document_id": f"slow_{i}"},
+                      files={"file": (path.name, path.read_bytes(), "application/pdf")})
+    time.sleep(2.0)  # both taken by the workers, as when the attacker came first
+    sample = write_sample_report(work / "victim-2.pdf")
+    t1 = time.perf_counter()
+    victim.post(url + "/v1/documents", data={"document_id": "victim_2"},
+                files={"file": ("victim-2.pdf", sample.read_bytes(), "application/pdf")})
+    outcome = wait_outcome(victim, url, "victim_2", 900)
+    victim_s = time.perf_counter() - t1
+    slow = [wait_outcome(attacker, url, f"slow_{i}", 1800) for i in (1, 2)]
+    report["queue"] = {"victim_status": outcome["status"], "victim_seconds": round(victim_s, 1),
+                       "slow_status": [o["status"] for o in slow], "slow_pages": [o.get("pages") for o in slow],
+                       "all_done_seconds": round(time.perf_counter() - t0, 1)}
+    print(f"queue: the victim's 6-page report {outcome['status']} in {victim_s:.1f} s while the attacker's two "
+          f"30-page scans took {time.perf_counter() - t0:.1f} s in all", file=sys.stderr)
+
+
 def run(no_content_caps: bool, parts: set[str]) -> dict:
     work = Path(tempfile.mkdtemp(prefix="bench-hostile-"))
     env = {k: v for k, v in os.environ.items()}
@@ -253,6 +285,8 @@ def run(no_content_caps: bool, parts: set[str]) -> dict:
             time.sleep(10)
             if "multipart" in parts:
                 upload_near_limit(mon, attacker, url, report)
+            if "queue" in parts:
+                slow_uploads_then_a_victims(mon, attacker, victim, url, work, report)
             for name, path in (files.items() if "files" in parts else ()):
                 mon.phase = name
                 t0 = time.perf_counter()
@@ -331,11 +365,12 @@ def main() -> None:
                         help="lift EVIDENTIA_MAX_*_CONTENT_MB: the memory and time limits do the work")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--parts", default="files,multipart",
-                        help="comma-separated: files (the hostile PDFs), multipart (bodies near the upload limit)")
+                        help="comma-separated: files (the hostile PDFs), multipart (bodies near the upload limit), "
+                             "queue (two slow uploads, then another tenant's)")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
-    if not parts <= {"files", "multipart"}:
-        parser.error("--parts takes files and/or multipart")
+    if not parts <= {"files", "multipart", "queue"}:
+        parser.error("--parts takes files, multipart and/or queue")
     report = run(args.no_content_caps, parts)
     if args.json:
         print(json.dumps(report, indent=2))
@@ -348,6 +383,10 @@ def main() -> None:
     for name, m in report.get("multipart", {}).items():
         print(f"multipart body near the upload limit, {name}: {m['bytes']} bytes, HTTP {m['status']} in "
               f"{m['upload_s']} s, /health max {m['health_max_s']} s meanwhile")
+    if "queue" in report:
+        q = report["queue"]
+        print(f"another tenant's report behind two slow uploads: {q['victim_status']} in {q['victim_seconds']} s; "
+              f"the slow ones {q['slow_status']} ({q['slow_pages']} pages) after {q['all_done_seconds']} s in all")
     if "page_images_12_at_once" in report:
         p = report["page_images_12_at_once"]
         print(f"12 page images of the huge-image page at once: statuses {p['statuses']} in {p['seconds']} s")

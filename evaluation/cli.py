@@ -16,7 +16,10 @@ from typing import Optional
 import typer
 
 COMPARE_HELP = ("Comma-separated configurations to compare, each [stage+]reranker[@threshold], "
-                "e.g. 'bm25,classifier@0.15,classifier@0.4'. A bare stage (bm25) means no reranker.")
+                "e.g. 'bm25,hybrid,hybrid+classifier,hybrid+classifier@0.11'. A bare stage (bm25) means no "
+                "reranker; a bare reranker runs on bm25 (write hybrid+ for the search default); a classifier "
+                "without @t ranks every page, no threshold (`evidentia search` applies "
+                "EVIDENTIA_CLASSIFIER_THRESHOLD).")
 
 
 def parse_ks(spec: str) -> list[int]:
@@ -60,9 +63,9 @@ def eval_command(
                                            "the queries that are not indexed yet are indexed from it first."),
     compare: str = typer.Option("bm25", "--compare", help=COMPARE_HELP),
     reranker: Optional[str] = typer.Option(None, "--reranker", help="Shorthand for one configuration: "
-                                           "bm25 + this reranker (none, llm, classifier); replaces --compare."),
+                                           "bm25 + this reranker (none, llm, classifier, cosine); replaces --compare."),
     threshold: Optional[float] = typer.Option(None, "--threshold", help="With --reranker classifier: the "
-                                              "probability threshold t."),
+                                              "probability threshold t (default: none, every page ranked)."),
     k: str = typer.Option("1,3", "--k", help="Cut-offs of P@k and R@k, comma-separated."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (all metrics per configuration and category)."),
     run_out: Optional[Path] = typer.Option(None, "--run-out", help="Write one JSON line per query and configuration "

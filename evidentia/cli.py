@@ -43,13 +43,16 @@ def _tenant(library, tenant: Optional[str]) -> str:
         raise fail(f"--tenant: {exc}")
 
 
-def _index(ctx: Context, paths: list[Path], tenant: Optional[str] = None) -> int:
+def _index(ctx: Context, paths: list[Path], tenant: Optional[str] = None, kept: bool = True) -> int:
+    """``kept``: the documents stay in the data directory (the demo's do not), so say where."""
     from evidentia.indexing import find_pdfs
     from evidentia.retriever.dense import EmbeddingError
+    from evidentia.tenants import split_internal_id
 
     library = _library(ctx)
     tenant = _tenant(library, tenant)
     files, _ = find_pdfs(paths)
+    before = {d.document_id for d in library.documents(tenant)} if files else set()
     if ctx.engine.indexing_embedder is not None and files:
         typer.echo(f"loading the embedding model ({ctx.settings.dense_model})…", err=True)
         try:
@@ -66,7 +69,12 @@ def _index(ctx: Context, paths: list[Path], tenant: Optional[str] = None) -> int
         shown = ", ".join(str(p) for p in paths)
         typer.echo(f"no PDF found in {shown} (files ending in .pdf, folders searched recursively)", err=True)
     typer.echo(summary.line())
-    if summary.documents:
+    # a file's id is its name's (README): a document of the same id indexed before is replaced
+    replaced = [i for i in (split_internal_id(d)[1] for d in summary.doc_ids) if i in before]
+    if replaced:
+        shown = ", ".join(replaced[:10]) + (f" and {len(replaced) - 10} more" if len(replaced) > 10 else "")
+        typer.echo(f"replaced {len(replaced)} document(s) indexed before under the same id: {shown}", err=True)
+    if summary.documents and kept:
         typer.echo(f"tenant {tenant}: `evidentia docs --tenant {tenant}` lists them; an API key of this tenant "
                    "sees them too", err=True)
     return EXIT_BAD_INPUT if summary.failures or not files else 0
@@ -89,12 +97,13 @@ def index(paths: List[Path] = typer.Argument(..., help="PDF files or folders (se
 @app.command()
 def search(
     doc: List[str] = typer.Option(..., "--doc", help="Document id to search in (repeatable)."),
-    question: str = typer.Option(..., "--question", "-q"),
-    answer: str = typer.Option("", "--answer", "-a"),
+    question: str = typer.Option(..., "--question", "-q", help="The questionnaire's question."),
+    answer: str = typer.Option("", "--answer", "-a", help="The supplier's answer, to check against the pages "
+                               "(optional: without it the question alone is searched)."),
     tenant: Optional[str] = typer.Option(None, "--tenant", help=TENANT_HELP),
     top_k: Optional[int] = typer.Option(None, "--top-k", help="Candidate pool size (default EVIDENTIA_POOL_SIZE, "
                                       f"{declared_default('pool_size')})."),
-    reranker: Optional[str] = typer.Option(None, "--reranker", help="none, llm or classifier "
+    reranker: Optional[str] = typer.Option(None, "--reranker", help="none, llm, classifier or cosine "
                                            f"(default EVIDENTIA_DEFAULT_RERANKER, {declared_default('default_reranker')})."),
     stage: Optional[str] = typer.Option(None, "--stage", help="First stage: bm25, dense or hybrid "
                                         "(default EVIDENTIA_STAGE, hybrid; bm25 with EVIDENTIA_DENSE=off)."),
@@ -122,13 +131,17 @@ def search(
     except (ConfigError, EmbeddingError) as exc:
         raise fail(str(exc))
     except UnknownDocumentError as exc:
-        raise fail(f"{UnknownDocumentError(_external(exc.doc_ids))}; `evidentia docs` lists the indexed ones",
-                   EXIT_BAD_INPUT)
+        unknown = _external(exc.doc_ids)
+        # an upload the API is still indexing, or one that failed, is not unknown
+        known = [why for why in (library.why_unsearchable(tenant, d) for d in unknown) if why]
+        if known:
+            raise fail("; ".join(known), EXIT_BAD_INPUT)
+        raise fail(f"{UnknownDocumentError(unknown)}; `evidentia docs` lists the indexed ones", EXIT_BAD_INPUT)
     except MissingVectorsError as exc:  # a stage asked for; the default one falls back to bm25
-        raise fail(str(MissingVectorsError(_external(exc.doc_ids))), EXIT_BACKEND)
+        raise fail(str(MissingVectorsError(_external(exc.doc_ids), tenant)), EXIT_BACKEND)
     except BackendError as exc:
         raise fail(str(exc), EXIT_BACKEND)
-    stage_note = missing_vectors_note(_external(result.without_vectors)) if result.without_vectors else None
+    stage_note = missing_vectors_note(_external(result.without_vectors), tenant) if result.without_vectors else None
     if stage_note:
         typer.echo(f"warning: {stage_note}", err=True)
     note = result.note
@@ -221,7 +234,7 @@ def demo(keep: bool = typer.Option(False, "--keep", help="Index the sample into 
         # the demo leaves nothing behind unless told: its index lives in the temporary folder
         ctx = Context(batch=True) if keep else Context(batch=True, data_dir=Path(tmp) / "data")
         pdf = write_sample_report(Path(tmp) / "acme-sustainability-2023.pdf")
-        _index(ctx, [pdf])
+        _index(ctx, [pdf], kept=keep)
         library = _library(ctx)
         result = ctx.engine.search(SAMPLE_QUESTION, SAMPLE_ANSWER, library.resolve(None, ["acme-sustainability-2023"]),
                                    ctx.config(stage="bm25", reranker="none", pool_size=3))
@@ -236,7 +249,12 @@ def demo(keep: bool = typer.Option(False, "--keep", help="Index the sample into 
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except OSError as exc:  # a file or folder the command needs (EVIDENTIA_DATA_DIR, a report): one line, not a traceback
+        where = f": {exc.filename}" if exc.filename else ""
+        typer.echo(f"error: {exc.strerror or exc}{where}", err=True)
+        raise SystemExit(1) from None
 
 
 # Each package's commands live beside it and are registered here so that

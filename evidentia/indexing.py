@@ -40,6 +40,7 @@ class IndexSummary:
     ocr_seconds: float = 0.0  # time spent in OCR, included in seconds
     unread_pages: int = 0  # pages that show something but were not read (OCR off, no Tesseract, OCR failed)
     unread_reason: str = ""  # why, one line (the first reason met)
+    caption_only_pages: int = 0  # scans or figures that kept only a short text layer (OCR could not run)
 
     def line(self) -> str:
         return (f"{self.documents} document(s), {self.pages} page(s) indexed, "
@@ -53,6 +54,10 @@ class IndexSummary:
             parts.append(f"OCR: {self.ocr_pages} page(s) read in {self.ocr_seconds:.1f} s ({rate:.2f} pages/s)")
         if self.unread_pages:
             parts.append(f"{self.unread_pages} page(s) not read: {self.unread_reason or 'no usable text layer'}")
+        if self.caption_only_pages:
+            reason = "" if self.unread_pages else f": {self.unread_reason}"
+            parts.append(f"{self.caption_only_pages} page(s) showing a scan or a figure kept only their short "
+                         f"text layer (a caption, a stamp){reason}")
         return "; ".join(parts) or None
 
     def add_document(self, document: Document) -> None:
@@ -63,7 +68,8 @@ class IndexSummary:
         self.ocr_pages += document.ocr_pages
         self.ocr_seconds += document.ocr_seconds
         self.unread_pages += document.unread_pages
-        if document.unread_pages and not self.unread_reason:
+        self.caption_only_pages += document.caption_only_pages
+        if (document.unread_pages or document.caption_only_pages) and not self.unread_reason:
             self.unread_reason = unread_reason(document.ocr_problem)
         self.doc_ids.append(document.doc_id)
 
@@ -80,7 +86,7 @@ class IndexSummary:
 def unread_reason(problem: str) -> str:
     """The reason pages were left unread, with how to fix it where Tesseract is missing."""
     if problem.startswith(MISSING_PROBLEMS):
-        return f"they look scanned and {problem}; {INSTALL_HINT}"
+        return f"they look scanned or printed as images and {problem}; {INSTALL_HINT}"
     return problem
 
 

@@ -12,7 +12,6 @@ share CLI-indexed documents with the API.
 
 from __future__ import annotations
 
-import re
 import shutil
 import uuid
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from evidentia.engine import Engine
-from evidentia.store import TENANT_RE, Store, store_path, uploads_dir
+from evidentia.store import TENANT_RE, Store, document_id_for, store_path, uploads_dir
 from evidentia.tenants import DEFAULT_TENANT, internal_id, split_internal_id
 
 if TYPE_CHECKING:  # pragma: no cover - evidentia.indexing imports PyMuPDF (and, through it, onnxruntime):
@@ -29,13 +28,6 @@ if TYPE_CHECKING:  # pragma: no cover - evidentia.indexing imports PyMuPDF (and,
 
 class LibraryError(ValueError):
     """A tenant or document id that cannot be used; the message says why."""
-
-
-def document_id_for(path: Path) -> str:
-    """A file's document id: its stem, with characters an id may not hold
-    (anything but letters, digits, ``_``, ``.``, ``-``) turned into ``-``."""
-    cleaned = re.sub(r"[^A-Za-z0-9_.-]+", "-", path.stem).strip("-._")[:128]
-    return cleaned or "document"
 
 
 @dataclass(frozen=True)
@@ -80,7 +72,7 @@ class Library:
         previous version (if any) as it was."""
         tenant = self.tenant(tenant)
         summary = self.engine.index_paths(paths, progress=progress,
-                                          doc_id_of=lambda path: internal_id(tenant, document_id_for(path)))
+                                          doc_id_of=lambda path: internal_id(tenant, document_id_for(path.name)))
         for doc_id in summary.doc_ids:
             _, document_id = split_internal_id(doc_id)
             self._record(tenant, document_id, summary.sources[doc_id], doc_id)
@@ -118,6 +110,16 @@ class Library:
                                        ocr_pages=info.ocr_pages, unread_pages=info.unread_pages,
                                        ocr_confidence=info.ocr_confidence))
         return sorted(out, key=lambda d: (d.tenant, d.document_id))
+
+    def why_unsearchable(self, tenant: str | None, document_id: str) -> str | None:
+        """Why a document the index does not hold cannot be searched yet, from the store
+        (an upload still queued or indexing, or failed); None when nothing is known of it."""
+        row = self.store.get_document(self.tenant(tenant), document_id)
+        if row is None or row.status == "ready":
+            return None
+        if row.status == "failed":
+            return f"{document_id} failed to index: {row.reason or 'no reason recorded'}"
+        return f"{document_id} is still {row.status} (`evidentia docs` lists it once it is ready)"
 
     def resolve(self, tenant: str | None, document_ids: Sequence[str]) -> list[str]:
         """The index ids of a tenant's documents."""

@@ -62,6 +62,9 @@ class Document:
     vectors: PageVectors | None = field(default=None, compare=False, repr=False)
     ocr_seconds: float = field(default=0.0, compare=False)  # time spent in OCR while extracting
     ocr_problem: str = field(default="", compare=False)  # why pages were left unread (first reason), if any
+    # pages of a figure printed as an image (or a scan under a stamp) that OCR could not
+    # read: they keep their short text layer, a caption, and are not counted unread
+    caption_only_pages: int = field(default=0, compare=False)
 
     @property
     def page_count(self) -> int:

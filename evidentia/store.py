@@ -22,7 +22,8 @@ import sqlite3
 import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from pathlib import Path
+import unicodedata
+from pathlib import Path, PurePath
 from typing import Any, Iterator, Sequence
 
 SCHEMA_VERSION = 3  # 2: documents.ocr; 3: attempts and next_* (re-index while serving)
@@ -40,8 +41,23 @@ ADDED_DOCUMENT_COLUMNS = {
     "next_reason": "TEXT",
 }
 
-TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-DOCUMENT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+# \Z, not $: "$" also matches before a final newline, and "evil\n" passed as an id (an
+# HTTP Location header cannot hold it; the upload was stored and never answered)
+TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
+DOCUMENT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")
+
+
+def document_id_for(filename: str) -> str:
+    """A file's document id, the same for the CLI and the API: its stem with accents
+    dropped (``é`` -> ``e``), every run of characters other than ASCII letters,
+    digits, ``_``, ``.``, ``-`` turned into one ``-``, trimmed to an id's 128
+    characters. A stem with none of those (``文档.pdf``) is ``document-`` and 8 hex
+    digits of its name's hash: two such files never share an id, which would make
+    the second replace the first."""
+    stem = PurePath(filename).stem
+    plain = unicodedata.normalize("NFKD", stem).encode("ascii", "ignore").decode("ascii")
+    cleaned = re.sub(r"[^A-Za-z0-9_.-]+", "-", plain).strip("-._")[:128].rstrip("-._")
+    return cleaned or f"document-{hashlib.sha256(stem.encode('utf-8')).hexdigest()[:8]}"
 KEY_PREFIX = "evk_"
 
 STATUSES = ("queued", "indexing", "ready", "failed")

@@ -76,6 +76,13 @@ SCAN_IMAGE_COVER = 0.5
 FIGURE_CAPTION_LETTERS = 300
 FIGURE_GAIN = 2.0
 OUTLINED_TEXT_PATHS = 50
+# A page drawing more paths than this is not rendered for OCR (left unread, and said
+# so): rendering is PyMuPDF's, in the indexing process, and no timeout stops it. A
+# 790 KB upload of 350,000 thick strokes on one page took 94 s to render even at
+# 36 dpi, and held an indexing worker, and every tenant's queue behind it, for the
+# extraction's 300 s. A page of text turned into outlines draws a path a glyph: a
+# few thousand.
+MAX_OCR_PATHS = 20_000
 # Renders above this many pixels are scaled down (a poster-sized page at 300 dpi
 # would be hundreds of megapixels).
 MAX_PIXELS = 40_000_000
@@ -338,6 +345,10 @@ def prepare_page(page: pymupdf.Page, engine: OcrEngine, text_layer: str | None =
         return PageText(kept, fallback, problem="OCR is off: EVIDENTIA_OCR=off")
     if not engine.available:
         return PageText(kept, fallback, problem=engine.problem)
+    paths = drawings(page)[1]
+    if paths > MAX_OCR_PATHS:
+        return PageText(kept, fallback, problem=f"the page draws {paths} paths, too many to render for OCR "
+                                                 f"(at most {MAX_OCR_PATHS})")
     t0 = time.perf_counter()
     image = render(page, engine.dpi)
     return Rendered(image, kept, time.perf_counter() - t0)

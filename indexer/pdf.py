@@ -161,10 +161,11 @@ def extract_pages(path: Path, doc_id: str, detector: LanguageDetector, ocr: OcrE
         for i, (raw, text, lang, r) in enumerate(zip(raw_texts, cleaned, languages, results))
     )
     problems = [r.problem for r in results if r.source == UNREAD and r.problem]
+    caption_only = [r.problem for r in results if r.source == TEXT and r.problem]
     # wall-clock time of the OCR (pages read at once count once), when any page was read
     ocr_wall = time.perf_counter() - t_start if page_ocr_seconds > 0 else 0.0
     return Document(doc_id=doc_id, pages=pages, source=path.name, ocr_seconds=ocr_wall,
-                    ocr_problem=problems[0] if problems else "")
+                    ocr_problem=(problems or caption_only or [""])[0], caption_only_pages=len(caption_only))
 
 
 @dataclass

@@ -307,7 +307,7 @@ def _as_page_number(item: Any) -> int | None:
 
 class LLMFailure(Exception):
     """An LLM call failed for good (also used by training/distill.py); ``reason`` is one
-    line (for the reranker: without "; BM25 order returned")."""
+    line (for the reranker: without "; first-stage order returned")."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
@@ -498,7 +498,7 @@ class LLMReranker(Reranker):
         except LLMFailure as failure:
             info["seconds"] = round(time.perf_counter() - t0, 3)
             return RerankResult(pages=passthrough(candidates),
-                                fallback_reason=f"{failure.reason}; BM25 order returned", info=info)
+                                fallback_reason=f"{failure.reason}; first-stage order returned", info=info)
         order = _round_robin(rankings)
         pages = [
             RankedPage(doc_id=candidates[i].doc_id, page=candidates[i].page, score=1.0 / rank,

@@ -26,7 +26,7 @@ from typing import Awaitable, Callable, Iterator, Sequence
 from evidentia.records import Candidate
 from evidentia.reranker.base import RerankResult, passthrough
 
-FALLBACK_SUFFIX = "; BM25 order returned"
+FALLBACK_SUFFIX = "; first-stage order returned"
 
 
 def deadline_margin(request_timeout_s: float) -> float:

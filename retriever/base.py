@@ -24,16 +24,23 @@ class UnknownDocumentError(KeyError):
         return f"unknown document id(s): {', '.join(self.doc_ids)}"
 
 
+def embed_command(document_ids: Sequence[str], tenant: str | None = None) -> str:
+    """The `evidentia embed` command line that adds page embeddings to these documents of ``tenant``."""
+    tenant_flag = f"--tenant {tenant} " if tenant else ""
+    return f"evidentia embed {tenant_flag}{' '.join('--doc ' + d for d in document_ids)}"
+
+
 class MissingVectorsError(BackendError):
     """Dense search on documents that were indexed without page embeddings."""
 
-    def __init__(self, doc_ids: Sequence[str]):
+    def __init__(self, doc_ids: Sequence[str], tenant: str | None = None):
+        """``tenant``: the documents' tenant, named in the command that embeds them."""
         self.doc_ids = list(doc_ids)
         shown = ", ".join(self.doc_ids[:10]) + (f" and {len(self.doc_ids) - 10} more" if len(self.doc_ids) > 10 else "")
         super().__init__(
             f"no page embeddings for document(s) {shown}: they were indexed with EVIDENTIA_DENSE=off "
             f"(or before dense retrieval existed), so the dense and hybrid stages cannot search them; "
-            f"`evidentia embed {' '.join('--doc ' + d for d in self.doc_ids[:10])}` adds them from the indexed "
+            f"`{embed_command(self.doc_ids[:10], tenant)}` adds them from the indexed "
             f"page text (no re-extraction), or index them again "
             f"with EVIDENTIA_DENSE=on, or use the bm25 stage")
 

@@ -22,20 +22,21 @@ import typer
 GROUP_PAGES = 256
 
 
-def missing_vectors_note(document_ids: Sequence[str]) -> str:
+def missing_vectors_note(document_ids: Sequence[str], tenant: str | None = None) -> str:
     """What the CLI says when the default stage searched documents without vectors with bm25."""
+    from evidentia.retriever.base import embed_command
+
     shown = ", ".join(document_ids[:5]) + (f" and {len(document_ids) - 5} more" if len(document_ids) > 5 else "")
-    args = " ".join(f"--doc {d}" for d in document_ids[:5])
     return (f"searched with bm25: no page embeddings for {shown} (indexed with EVIDENTIA_DENSE=off or before "
-            f"dense retrieval); `evidentia embed {args}` adds them from the indexed text, then searches use the "
-            f"hybrid stage")
+            f"dense retrieval); `{embed_command(document_ids[:5], tenant)}` adds them from the indexed text, then "
+            f"searches use the hybrid stage")
 
 
 def embed_command(
     doc: Optional[List[str]] = typer.Option(None, "--doc", help="Document id to embed (repeatable; default: every "
                                             "indexed document without vectors of EVIDENTIA_DENSE_MODEL)."),
     tenant: Optional[str] = typer.Option(None, "--tenant", help="Tenant of the --doc ids, or whose documents to "
-                                         "embed (default for --doc: EVIDENTIA_DEFAULT_TENANT; without --doc: all)."),
+                                         "embed (default for --doc: the tenant `default`; without --doc: all)."),
     again: bool = typer.Option(False, "--all", help="Embed again documents that already have vectors of this model."),
 ):
     """Add page embeddings to indexed documents from their stored page text (no re-extraction)."""

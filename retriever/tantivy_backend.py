@@ -110,7 +110,11 @@ class TantivyBackend(SearchBackend):
         self._vector_cache: OrderedDict[str, PageVectors] = OrderedDict()  # file name -> vectors (files never change)
         self._cached_rows = 0
         self._cache_lock = threading.Lock()
-        self.directory.mkdir(parents=True, exist_ok=True)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise BackendError(f"cannot create the index folder {self.directory}: {exc.strerror or exc}; "
+                               "set EVIDENTIA_DATA_DIR to a folder you can write") from None
         self.neutral_boost = neutral_boost
         self.language_boost = language_boost
         self.writer_heap_bytes = writer_heap_bytes

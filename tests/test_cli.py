@@ -213,10 +213,13 @@ def test_reindex_via_cli_replaces(cli, tmp_path, language_pages):
     from evidentia.samples import write_pdf
 
     path = write_pdf(tmp_path / "report.pdf", [language_pages["en"], language_pages["fr"]])
-    assert cli("index", path).exit_code == 0
+    first = cli("index", path)
+    assert first.exit_code == 0 and "replaced" not in first.stderr
     write_pdf(path, [language_pages["de"]])
     result = cli("index", path)
     assert result.stdout.strip() == summary_line(1, 1, 0, 0)
+    # said, not silent: two files of one id (文档.pdf and 报告.pdf were both `document`) replaced each other
+    assert "replaced 1 document(s) indexed before under the same id: report" in result.stderr
     assert cli("docs").stdout.splitlines()[1] == "default\treport\t1\t0\tde:1"
 
 
@@ -307,13 +310,33 @@ def test_cli_and_api_see_the_same_documents(cli, cli_env, multilingual_pdf, tmp_
     assert cli("docs", "--tenant", "a:b").exit_code == 2
 
 
+def test_search_says_an_upload_is_still_indexing_or_failed_not_unknown(cli, cli_env, indexed):
+    """The API's uploads are in the store before the index: a search for one still
+    queued, or one that failed, says so (the API's 409), instead of "unknown"."""
+    from evidentia.store import Store, store_path
+
+    store = Store(store_path(cli_env))
+    store.add_tenant("acme")
+    store.put_document("acme", "queued-report", "queued-report.pdf", 10, "/nowhere/a.pdf", "g1")
+    store.put_document("acme", "broken", "broken.pdf", 10, "/nowhere/b.pdf", "g2")
+    store.set_status("acme", "broken", "g2", "failed", reason="encrypted PDF (password required)")
+    store.close()
+    queued = cli("search", "--tenant", "acme", "--doc", "queued-report", "-q", "emissions")
+    assert queued.exit_code == 1 and "queued-report is still queued" in queued.stderr
+    failed = cli("search", "--tenant", "acme", "--doc", "broken", "-q", "emissions")
+    assert failed.exit_code == 1 and "broken failed to index: encrypted PDF (password required)" in failed.stderr
+    unknown = cli("search", "--tenant", "acme", "--doc", "nothing", "-q", "emissions")
+    assert unknown.exit_code == 1 and "unknown document id(s): nothing" in unknown.stderr
+
+
 def test_demo_leaves_nothing_behind_unless_kept(cli, cli_env):
     result = cli("demo")
     assert result.exit_code == 0, result.output
     assert "page 2" in result.stdout and "temporary folder, now removed" in result.stderr
+    assert "lists them" not in result.stderr  # they are gone
     assert not cli_env.exists()
     kept = cli("demo", "--keep")
-    assert kept.exit_code == 0 and f"kept in {cli_env}" in kept.stderr
+    assert kept.exit_code == 0 and f"kept in {cli_env}" in kept.stderr and "lists them" in kept.stderr
     assert "acme-sustainability-2023" in cli("docs").stdout
 
 

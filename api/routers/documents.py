@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import re
 import shutil
 import time
 import uuid
@@ -21,7 +20,7 @@ from evidentia.api.rendering import PageRenderer, RenderRefused
 from evidentia.tenants import internal_id
 from evidentia.api.schemas import DocumentAccepted, DocumentList, DocumentOut, IndexingProgress, PageOut
 from evidentia.api.services import Services
-from evidentia.store import DOCUMENT_ID_RE, DocumentRow
+from evidentia.store import DOCUMENT_ID_RE, DocumentRow, document_id_for
 from evidentia.retriever.base import BackendError
 
 log = logging.getLogger("evidentia.api")
@@ -47,6 +46,7 @@ def to_out(row: DocumentRow, services: Services | None = None) -> DocumentOut:
                        size_bytes=row.size_bytes, pages=row.pages, empty_pages=row.empty_pages,
                        languages=row.languages, ocr_pages=row.ocr.get("ocr_pages"),
                        ocr_confidence=row.ocr.get("ocr_confidence"), unread_pages=row.ocr.get("unread_pages"),
+                       caption_only_pages=row.ocr.get("caption_only_pages"),
                        unread_reason=row.ocr.get("unread_reason"), created=row.created, updated=row.updated,
                        reindex_status=row.next_status, reindex_reason=row.next_reason)
 
@@ -71,12 +71,6 @@ def not_ready_message(row: DocumentRow) -> str:
     if row.status == "failed":
         return f"document {row.document_id} failed: {row.reason}"
     return f"document {row.document_id} is still indexing ({row.status}); poll GET /v1/documents/{row.document_id}"
-
-
-def default_document_id(filename: str | None) -> str:
-    stem = Path(filename or "").stem
-    cleaned = re.sub(r"[^A-Za-z0-9_.-]+", "-", stem).strip("-._")[:128]
-    return cleaned
 
 
 def _fsync_dir(path: Path) -> None:
@@ -121,15 +115,11 @@ def _accept_upload(services: Services, caller: Caller, upload: UploadFile, docum
     settings = services.settings
     if document_id is not None and document_id != "":
         if not DOCUMENT_ID_RE.match(document_id):
-            raise ApiError(422, "validation_error", f"document_id {document_id!r}: use 1-128 letters, digits, '.', "
+            raise ApiError(422, "validation_error", f"document_id {document_id!r}: use 1-128 ASCII letters, digits, '.', "
                            f"'_' or '-', starting with a letter or digit",
                            [{"loc": ["body", "document_id"], "message": "invalid document id", "type": "value_error"}])
     else:
-        document_id = default_document_id(upload.filename)
-        if not document_id or not DOCUMENT_ID_RE.match(document_id):
-            raise ApiError(422, "validation_error", "cannot derive a document id from the file name; send the "
-                           "form field document_id",
-                           [{"loc": ["body", "document_id"], "message": "required", "type": "missing"}])
+        document_id = document_id_for(upload.filename or "")
     tenant_dir = services.uploads / caller.tenant
     tenant_dir.mkdir(parents=True, exist_ok=True)
     generation = uuid.uuid4().hex

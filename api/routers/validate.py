@@ -132,8 +132,8 @@ async def validate(body: ValidateRequest, request: Request, caller: Caller = Dep
                        f"upload them again", {"document_ids": gone}) from None
     except MissingVectorsError as exc:
         without = _external(exc.doc_ids)
-        raise ApiError(409, "missing_vectors", f"{MissingVectorsError(without)} (here: upload them again, or send "
-                       f"\"stage\": \"bm25\")", {"document_ids": without, "stage": stage}) from None
+        raise ApiError(409, "missing_vectors", f"{MissingVectorsError(without, caller.tenant)} (here: upload them "
+                       f"again, or send \"stage\": \"bm25\")", {"document_ids": without, "stage": stage}) from None
     except VectorModelError as exc:
         message = str(exc)
         for internal, external in zip(exc.doc_ids, _external(exc.doc_ids)):

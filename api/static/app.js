@@ -369,7 +369,7 @@ function formatScore(page, result) {
 
 // A fallback reason in plain words: the first clause, without library detail.
 function plainReason(reason) {
-  const text = String(reason || "").replace(/; BM25 order returned$/, "");
+  const text = String(reason || "").replace(/; first-stage order returned$/, "");
   if (/api key|api_key|OPENAI_API_KEY/i.test(text)) {
     return "no API key is configured for the LLM (the server's EVIDENTIA_LLM_API_KEY)";
   }

@@ -232,6 +232,23 @@ def test_documents_indexed_at_once_share_the_ocr_cpus(own_client, sample_pdf, mo
     assert [engine.parallel for engine in seen] == [max(1, usable_cpus() // 2)]
 
 
+def test_an_upload_gets_the_clis_id_and_an_id_with_a_newline_is_refused(client, sample_pdf):
+    """A Chinese file name gets the id `evidentia index` gives it (it used to be refused
+    here and `document` there); an id ending in a newline, which the id pattern let
+    through, is a 422 (its Location header could not be written: no answer at all)."""
+    from evidentia.store import document_id_for
+
+    h = new_tenant(client)
+    first = upload(client, h, sample_pdf, filename="文档.pdf")
+    assert first.status_code == 202 and first.json()["document_id"] == document_id_for("文档.pdf")
+    second = upload(client, h, sample_pdf, filename="报告.pdf")
+    assert second.json()["document_id"] not in (first.json()["document_id"], "document")
+    for bad in ("evil\n", "evil\r\n", "é"):
+        error = assert_error(upload(client, h, sample_pdf, document_id=bad), 422, "validation_error")
+        assert "ASCII letters" in error["message"]
+    assert client.get("/v1/documents/evil%0A", headers=h).status_code == 404
+
+
 def test_validate_while_indexing_is_409(client, sample_pdf):
     h = new_tenant(client)
     services = services_of(client)

@@ -216,9 +216,23 @@ def test_missing_tesseract_indexes_and_says_how_to_install(tmp_path, backend):
     summary = index_paths([path], backend, LanguageDetector(), ocr=MISSING)
     assert summary.documents == 1 and summary.unread_pages == 1 and not summary.failures
     line = summary.ocr_line()
-    assert "\n" not in line and line.startswith("1 page(s) not read: they look scanned and Tesseract was not found")
+    assert "\n" not in line and line.startswith("1 page(s) not read: they look scanned or printed as images and Tesseract was not found")
     assert "apt-get install tesseract-ocr" in line
     assert backend.search(["board", "shareholders"], ["scan"], 3)[0].page == 2  # the digital page is indexed
+
+
+def test_a_figure_without_tesseract_keeps_its_caption_and_is_counted(tmp_path, backend):
+    """Without Tesseract a figure printed as an image keeps its caption (it is text),
+    and the summary says so with how to read it: it was counted nowhere, and a
+    newcomer's BHP report said "0 empty page(s)" and nothing of its four figures."""
+    path = figure_pdf(tmp_path / "figure.pdf", TEXTS["en"])
+    summary = index_paths([path], backend, LanguageDetector(), ocr=MISSING)
+    assert (summary.unread_pages, summary.caption_only_pages, summary.empty_pages) == (0, 1, 0)
+    line = summary.ocr_line()
+    assert line.startswith("1 page(s) showing a scan or a figure kept only their short text layer (a caption, a "
+                           "stamp): they look scanned or printed as images and Tesseract was not found")
+    assert "apt-get install" in line
+    assert backend.get_page("figure", 1).text_source == "text"
 
 
 @needs_tesseract
@@ -234,6 +248,29 @@ def test_ocr_over_its_time_limit_or_failing_leaves_the_page_unread(tmp_path):
         assert broken.source == "unread" and broken.problem.startswith("Tesseract failed")
     document = extract_pages(path, "scan", LanguageDetector(), ocr=replace(TESSERACT, timeout_s=0.01))
     assert document.unread_pages == 1 and "EVIDENTIA_OCR_TIMEOUT_S" in document.ocr_problem
+
+
+@needs_tesseract
+def test_a_page_of_too_many_paths_is_left_unread_not_rendered(tmp_path):
+    """Rendering is not bounded by the OCR timeout: a page of 350,000 thick strokes held an
+    indexing worker for 300 s. Past MAX_OCR_PATHS a page is left unread, and says why."""
+    doc = pymupdf.open()
+    page = doc.new_page()
+    strokes = "".join(f"{1 + i % 5} w 0 {i % 792} m 612 {(i * 7) % 792} l S\n" for i in range(ocr_mod.MAX_OCR_PATHS + 500))
+    xref = doc.get_new_xref()
+    doc.update_object(xref, "<<>>")
+    doc.update_stream(xref, strokes.encode())
+    doc.xref_set_key(page.xref, "Contents", f"{xref} 0 R")
+    path = tmp_path / "strokes.pdf"
+    doc.save(path)
+    doc.close()
+    with pymupdf.open(path) as reopened:
+        started = time.perf_counter()
+        read = read_page(reopened[0], TESSERACT)
+        assert read.source == "unread" and "too many to render for OCR" in read.problem
+        assert time.perf_counter() - started < 10
+    document = extract_pages(path, "strokes", LanguageDetector(), ocr=TESSERACT)
+    assert document.unread_pages == 1 and "paths" in document.ocr_problem
 
 
 # -- several pages at once ----------------------------------------------------------------

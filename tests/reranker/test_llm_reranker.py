@@ -210,7 +210,7 @@ def test_malformed_twice_falls_back(server, sleeps, content):
     assert len(server.requests) == 2
     assert result.pages == passthrough(POOL)
     assert result.fallback_reason.startswith("LLM answer unusable after 2 attempts")
-    assert result.fallback_reason.endswith("BM25 order returned")
+    assert result.fallback_reason.endswith("first-stage order returned")
     assert "\n" not in result.fallback_reason
 
 
@@ -247,7 +247,7 @@ def test_no_retry_on_400(server, sleeps):
     assert sleeps == []
     assert result.pages == passthrough(POOL)
     assert "400" in result.fallback_reason and "rejected" in result.fallback_reason
-    assert result.fallback_reason.endswith("BM25 order returned")
+    assert result.fallback_reason.endswith("first-stage order returned")
 
 
 @pytest.mark.parametrize("status", [401, 404, 422])
@@ -268,7 +268,7 @@ def test_final_failure_returns_bm25_order(server, sleeps):
     assert keys(result) == bm25_keys(POOL)
     reason = result.fallback_reason
     assert reason.startswith("LLM unavailable after 3 attempts: 503 Service Unavailable")
-    assert reason.endswith("; BM25 order returned") and "\n" not in reason
+    assert reason.endswith("; first-stage order returned") and "\n" not in reason
 
 
 def test_timeouts_are_retried(sleeps):
@@ -292,7 +292,7 @@ def test_connection_errors_are_retried(sleeps):
     result = r.rerank(build_query(QUESTION, ANSWER), POOL)
     assert sleeps == [1.0, 2.0] and result.info["requests"] == 3
     assert result.pages == passthrough(POOL)
-    assert result.fallback_reason == "LLM unavailable after 3 attempts: connection error; BM25 order returned"
+    assert result.fallback_reason == "LLM unavailable after 3 attempts: connection error; first-stage order returned"
 
 
 def test_missing_api_key_falls_back(monkeypatch):
@@ -429,7 +429,7 @@ def test_model_obeying_injection_does_not_change_output(server, sleeps, content,
     if expected is None:  # unusable: asked once more, then the BM25 order
         assert len(server.requests) == 2
         assert result.pages == passthrough(pool)
-        assert result.fallback_reason.endswith("BM25 order returned")
+        assert result.fallback_reason.endswith("first-stage order returned")
     else:
         assert len(server.requests) == 1
         assert result.fallback_reason is None

@@ -90,7 +90,7 @@ def test_hung_server_ends_at_the_deadline_with_the_fallback(server):
     result, took = timed(lambda: reranker.rerank(QUERY, POOL, deadline=time.monotonic() + 1.0))
     assert took < 2.0, took
     assert result.pages == passthrough(POOL)
-    assert "deadline" in result.fallback_reason and result.fallback_reason.endswith("; BM25 order returned")
+    assert "deadline" in result.fallback_reason and result.fallback_reason.endswith("; first-stage order returned")
     assert len(server.requests) == 1  # no retry after the deadline
 
 
@@ -222,7 +222,7 @@ def test_runtime_bounds_concurrency_and_answers_by_the_deadline(server):
     assert took < 1.8, took
     reasons = sorted([first.fallback_reason, second.fallback_reason])
     assert any("no free LLM slot" in r and "EVIDENTIA_LLM_CONCURRENCY=1" in r for r in reasons), reasons
-    assert all(r.endswith("; BM25 order returned") for r in reasons)
+    assert all(r.endswith("; first-stage order returned") for r in reasons)
     assert server.max_in_flight == 1 and len(server.requests) == 1
 
 
@@ -236,7 +236,7 @@ def test_runtime_turns_an_unexpected_error_into_the_fallback():
     finally:
         runtime.shutdown()
     assert result.pages == passthrough(POOL)
-    assert result.fallback_reason == "the LLM reranker failed (KeyError); BM25 order returned"
+    assert result.fallback_reason == "the LLM reranker failed (KeyError); first-stage order returned"
 
 
 def test_runtime_cancels_when_the_client_disconnects(server):
@@ -331,7 +331,7 @@ def test_sixty_hung_validations_leave_other_tenants_fast(tmp_path, server):
         assert response.status_code == 200, response.text
         data = response.json()
         assert data["reranker"] == "llm" and data["pages"], data
-        assert data["fallback_reason"].endswith("; BM25 order returned"), data["fallback_reason"]
+        assert data["fallback_reason"].endswith("; first-stage order returned"), data["fallback_reason"]
         assert data["timings_ms"]["total"] < timeout_s * 1000
         assert took < timeout_s + 1.0, took  # + the in-process test client's own queueing of 60 threads
     reasons = [r.json()["fallback_reason"] for r, _ in results]

@@ -55,13 +55,27 @@ def test_default_stage_is_hybrid_and_falls_back_to_bm25_with_the_way_out(run, pl
     r, out = search(run)
     assert r.exit_code == 0, r.output
     assert out["stage"] == "bm25"
-    assert "evidentia embed --doc report" in out["stage_note"] and "warning:" in r.stderr
+    assert "evidentia embed --tenant default --doc report" in out["stage_note"] and "warning:" in r.stderr
     # a stage asked for explicitly is an error, that names the same command
     r, _ = search(run, "--stage", "hybrid")
-    assert r.exit_code != 0 and "evidentia embed --doc report" in r.stderr
+    assert r.exit_code != 0 and "evidentia embed --tenant default --doc report" in r.stderr
     # with dense retrieval off, the default stage is bm25 and nothing is said
     r = run("search", "--doc", "report", "-q", QUESTION, "--json", dense="off")
     assert json.loads(r.stdout)["stage"] == "bm25" and json.loads(r.stdout)["stage_note"] is None
+
+
+def test_the_command_a_message_names_works_for_another_tenant(run, tmp_path):
+    """The way out named in the message is a command that works as given: for a
+    tenant's document it has to name the tenant (it did not, and failed)."""
+    pdf = write_pdf(tmp_path / "acme-report.pdf", [FILLER[0], TARGET, FILLER[1]])
+    assert run("index", "--tenant", "acme", pdf, dense="off").exit_code == 0
+    r = run("search", "--tenant", "acme", "--doc", "acme-report", "-q", QUESTION, "--stage", "hybrid")
+    assert r.exit_code != 0
+    command = r.stderr.split("`")[1]
+    assert command == "evidentia embed --tenant acme --doc acme-report"
+    assert run(*command.split()[1:]).exit_code == 0
+    r = run("search", "--tenant", "acme", "--doc", "acme-report", "-q", QUESTION, "--stage", "hybrid", "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["stage"] == "hybrid"
 
 
 def test_embed_adds_vectors_from_the_stored_text(run, plain_index, cli_env):
