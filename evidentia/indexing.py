@@ -14,6 +14,7 @@ from evidentia.indexer.pdf import PdfError, extract_pages
 from evidentia.indexer.worker import ExtractionLimits, extract_bounded
 from evidentia.records import Document
 from evidentia.retriever.base import SearchBackend
+from evidentia.tenants import split_internal_id
 
 if TYPE_CHECKING:  # pragma: no cover
     from evidentia.retriever.dense import PageEmbedder
@@ -174,13 +175,17 @@ def index_paths(
                 if doc_id in indexed_from:
                     job.cancel()
                     summary.failures.append(IndexFailure(str(path), (
-                        f"{path}: document id {path.stem!r} already indexed from {indexed_from[doc_id]} "
-                        f"in this run (rename one of the files)")))
+                        f"{path}: document id {split_internal_id(doc_id)[1]!r} already indexed from "
+                        f"{indexed_from[doc_id]} in this run (rename one of the files)")))
                 else:
                     try:
                         document = job.result()
                     except PdfError as exc:
-                        summary.failures.append(IndexFailure(str(path), str(exc)))
+                        # the file as it was given (a folder's sub/empty.pdf and empty.pdf read alike by name)
+                        reason = str(exc)
+                        if reason.startswith(f"{path.name}: "):
+                            reason = f"{path}{reason[len(path.name):]}"
+                        summary.failures.append(IndexFailure(str(path), reason))
                     else:
                         if embedder is not None:
                             t0 = time.perf_counter()

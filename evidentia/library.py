@@ -60,6 +60,10 @@ class Library:
             self._store.close()
 
     def tenant(self, tenant: str | None) -> str:
+        """The tenant named (None: the default one); an empty name is an error, not the
+        default tenant (nor, for `docs`, every tenant)."""
+        if tenant == "":
+            raise LibraryError("the tenant name is empty (leave --tenant out for the tenant 'default')")
         tenant = tenant or DEFAULT_TENANT
         if not TENANT_RE.match(tenant):
             raise LibraryError(f"tenant {tenant!r}: use letters, digits, '_', '.', '-' (at most 64, no ':')")

@@ -75,6 +75,8 @@ def test_index_files_and_folders_with_bad_files(cli, multilingual_pdf, bad_pdfs,
     }
     for name, problem in expected.items():
         assert sum(name in e and problem in e for e in errors) == 1, (name, errors)
+    # a folder's file is named by its path, so that sub/empty.pdf and empty.pdf are told apart
+    assert any(e.startswith(f"error: {bad_folder / 'encrypted.pdf'}: ") for e in errors), errors
 
     docs = cli("docs", "--json")
     assert docs.exit_code == 0
@@ -249,7 +251,7 @@ def test_real_process_exit_codes_and_streams(cli_env, multilingual_pdf, bad_pdfs
     proc = run("index", multilingual_pdf.path, bad_pdfs["encrypted"])
     assert proc.returncode == 1, proc.stderr
     assert proc.stdout == summary_line(1, 9, 2, 1) + "\n"
-    assert error_lines(proc.stderr) == ["error: encrypted.pdf: encrypted PDF (password required)"]
+    assert error_lines(proc.stderr) == [f"error: {bad_pdfs['encrypted']}: encrypted PDF (password required)"]
 
     proc = run("search", "--doc", "multilingual-report", "-q", FR_QUESTION, "-a", "87 % en 2023", "--json",
                "--top-k", "2")
@@ -308,6 +310,9 @@ def test_cli_and_api_see_the_same_documents(cli, cli_env, multilingual_pdf, tmp_
     assert cli("delete", "--tenant", "acme", "bhp-ctap").exit_code == 0
     assert cli("docs", "--tenant", "acme").stdout.strip() == "no document indexed for tenant acme"
     assert cli("docs", "--tenant", "a:b").exit_code == 2
+    for command in (("docs",), ("search", "--doc", "bhp-ctap", "-q", "Scope 1"), ("delete", "bhp-ctap")):
+        empty = cli(*command, "--tenant", "")  # was the default tenant (docs: every tenant), silently
+        assert empty.exit_code == 2 and "tenant name is empty" in empty.stderr, command
 
 
 def test_search_says_an_upload_is_still_indexing_or_failed_not_unknown(cli, cli_env, indexed):

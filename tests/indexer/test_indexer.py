@@ -156,7 +156,7 @@ def test_truncated_file_does_not_stop_a_batch(tmp_path, multilingual_pdf, detect
     summary = index_paths([truncated, multilingual_pdf.path], backend, detector)
     assert summary.documents == 1 and summary.doc_ids == ["multilingual-report"]
     assert len(summary.failures) == 1
-    assert summary.failures[0].reason == ("truncated.pdf: corrupted PDF: the file is truncated (its end is missing); "
+    assert summary.failures[0].reason == (f"{truncated}: corrupted PDF: the file is truncated (its end is missing); "
                                           "upload the complete file")
     assert "\n" not in summary.failures[0].reason
 
