@@ -20,9 +20,9 @@ import re
 import secrets
 import sqlite3
 import threading
+import unicodedata
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-import unicodedata
 from pathlib import Path, PurePath
 from typing import Any, Iterator, Sequence
 
@@ -58,6 +58,8 @@ def document_id_for(filename: str) -> str:
     plain = unicodedata.normalize("NFKD", stem).encode("ascii", "ignore").decode("ascii")
     cleaned = re.sub(r"[^A-Za-z0-9_.-]+", "-", plain).strip("-._")[:128].rstrip("-._")
     return cleaned or f"document-{hashlib.sha256(stem.encode('utf-8')).hexdigest()[:8]}"
+
+
 KEY_PREFIX = "evk_"
 
 STATUSES = ("queued", "indexing", "ready", "failed")

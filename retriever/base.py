@@ -24,7 +24,7 @@ class UnknownDocumentError(KeyError):
         return f"unknown document id(s): {', '.join(self.doc_ids)}"
 
 
-def embed_command(document_ids: Sequence[str], tenant: str | None = None) -> str:
+def embed_command_line(document_ids: Sequence[str], tenant: str | None = None) -> str:
     """The `evidentia embed` command line that adds page embeddings to these documents of ``tenant``."""
     tenant_flag = f"--tenant {tenant} " if tenant else ""
     return f"evidentia embed {tenant_flag}{' '.join('--doc ' + d for d in document_ids)}"
@@ -40,7 +40,7 @@ class MissingVectorsError(BackendError):
         super().__init__(
             f"no page embeddings for document(s) {shown}: they were indexed with EVIDENTIA_DENSE=off "
             f"(or before dense retrieval existed), so the dense and hybrid stages cannot search them; "
-            f"`{embed_command(self.doc_ids[:10], tenant)}` adds them from the indexed "
+            f"`{embed_command_line(self.doc_ids[:10], tenant)}` adds them from the indexed "
             f"page text (no re-extraction), or index them again "
             f"with EVIDENTIA_DENSE=on, or use the bm25 stage")
 

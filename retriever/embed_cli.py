@@ -24,11 +24,11 @@ GROUP_PAGES = 256
 
 def missing_vectors_note(document_ids: Sequence[str], tenant: str | None = None) -> str:
     """What the CLI says when the default stage searched documents without vectors with bm25."""
-    from evidentia.retriever.base import embed_command
+    from evidentia.retriever.base import embed_command_line
 
     shown = ", ".join(document_ids[:5]) + (f" and {len(document_ids) - 5} more" if len(document_ids) > 5 else "")
     return (f"searched with bm25: no page embeddings for {shown} (indexed with EVIDENTIA_DENSE=off or before "
-            f"dense retrieval); `{embed_command(document_ids[:5], tenant)}` adds them from the indexed text, then "
+            f"dense retrieval); `{embed_command_line(document_ids[:5], tenant)}` adds them from the indexed text, then "
             f"searches use the hybrid stage")
 
 

@@ -115,8 +115,8 @@ def _accept_upload(services: Services, caller: Caller, upload: UploadFile, docum
     settings = services.settings
     if document_id is not None and document_id != "":
         if not DOCUMENT_ID_RE.match(document_id):
-            raise ApiError(422, "validation_error", f"document_id {document_id!r}: use 1-128 ASCII letters, digits, '.', "
-                           f"'_' or '-', starting with a letter or digit",
+            raise ApiError(422, "validation_error", f"document_id {document_id!r}: use 1-128 ASCII letters, "
+                           f"digits, '.', '_' or '-', starting with a letter or digit",
                            [{"loc": ["body", "document_id"], "message": "invalid document id", "type": "value_error"}])
     else:
         document_id = document_id_for(upload.filename or "")
