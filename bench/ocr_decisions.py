@@ -70,7 +70,8 @@ def main() -> None:
         if pages:
             figures[path] = pages
     total = sum(counts.values())
-    print(f"{len(paths)} PDFs, {total} pages: " + ", ".join(f"{k} {counts[k]}" for k in ("text", "scan", "junk", "figure")))
+    kinds = ", ".join(f"{k} {counts[k]}" for k in ("text", "scan", "junk", "figure"))
+    print(f"{len(paths)} PDFs, {total} pages: {kinds}")
     for path, pages in figures.items():
         with pymupdf.open(path) as doc:
             for n in pages:

@@ -181,8 +181,10 @@ from pathlib import Path
 
 LABELS = Path(__file__).with_name("data") / "bhp_page_labels.jsonl"
 BATCHES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21)
-ANSWERED_BATCHES = (6, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21)  # questions with the supplier's answer, each asked of one report
-POOL_GRADED_BATCHES = (8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21)  # graded on the pages of the hybrid pool (21: with and without the answer; and the writer's), not every page
+# questions with the supplier's answer, each asked of one report
+ANSWERED_BATCHES = (6, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21)
+# graded on the pages of the hybrid pool (21: with and without the answer; and the writer's), not every page
+POOL_GRADED_BATCHES = (8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21)
 FILING_LABELS = Path(__file__).with_name("data") / "financebench_heldout_labels.jsonl"
 # questions written and graded the same way on the filings of the companies training
 # keeps (training/splits/heldout.json): training data of the shipped model (README)
@@ -261,7 +263,8 @@ def main() -> int:
     ap.add_argument("--reworded", action="store_true",
                     help="batch 6: the answers as reworded by another agent (the same facts, not the report's words)")
     ap.add_argument("--figure-regrades", action="store_true",
-                    help=f"BHP: the Action Plan's page 9, a figure, as regraded from its image ({FIGURE_REGRADES.name})")
+                    help="BHP: the Action Plan's page 9, a figure, as regraded from its image "
+                         f"({FIGURE_REGRADES.name})")
     args = ap.parse_args()
     labels = FILING_LABELS if args.filings else TRAINING_FILING_LABELS if args.training_filings else args.labels
     if args.question_only and args.reworded:

@@ -251,7 +251,8 @@ def demo(keep: bool = typer.Option(False, "--keep", help="Index the sample into 
 def main() -> None:
     try:
         app()
-    except OSError as exc:  # a file or folder the command needs (EVIDENTIA_DATA_DIR, a report): one line, not a traceback
+    except OSError as exc:
+        # a file or folder the command needs (EVIDENTIA_DATA_DIR, a report): one line, not a traceback
         where = f": {exc.filename}" if exc.filename else ""
         typer.echo(f"error: {exc.strerror or exc}{where}", err=True)
         raise SystemExit(1) from None

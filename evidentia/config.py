@@ -267,7 +267,8 @@ class Settings:
     max_document_content_mb: int = setting(1024, "all pages' content streams together (a shared stream counts once "
                                            "per page); more fails the document", parse=positive_int)
     index_workers: int = setting(2, "documents extracted at once (one child process each); with several tenants one "
-                                 "holds at most all but one of them, so another's upload never waits on it", parse=positive_int)
+                                 "holds at most all but one of them, so another's upload never waits on it",
+                                 parse=positive_int)
     index_max_attempts: int = setting(3, "starts of one upload's indexing (server restarts included) before it "
                                       "fails", parse=positive_int)
     render_timeout_s: float = setting(20.0, "a page image still rendering then gets 422", parse=positive_float)
