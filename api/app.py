@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from evidentia.api.errors import DESCRIPTIONS, install_handlers
+from evidentia.api.errors import DESCRIPTIONS, ApiError, body_too_large, file_too_large, install_handlers
 from evidentia.api.http_guard import UploadKeyMiddleware
 from evidentia.api.metrics import BodyLimitMiddleware, MetricsMiddleware
 from evidentia.api.routers import admin, documents, feedback, health, validate
@@ -56,10 +56,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.services = services
     install_handlers(app)
 
-    def body_limit(scope) -> int:
+    def body_limit(scope) -> tuple[int, ApiError]:
         if scope.get("method") == "POST" and scope.get("path", "").rstrip("/") == "/v1/documents":
-            return settings.max_upload_bytes + MULTIPART_OVERHEAD
-        return JSON_BODY_LIMIT
+            return settings.max_upload_bytes + MULTIPART_OVERHEAD, file_too_large(settings.max_upload_bytes)
+        return JSON_BODY_LIMIT, body_too_large(JSON_BODY_LIMIT)
 
     # added last = outermost: metrics see every answer, the body limit's 413s included
     app.add_middleware(BodyLimitMiddleware, limit_for=body_limit)

@@ -57,6 +57,18 @@ class ApiError(Exception):
         self.headers = headers
 
 
+def file_too_large(max_upload_bytes: int) -> ApiError:
+    """The one answer to an upload over the limit, whether the body's declared size
+    or the bytes received give it away."""
+    return ApiError(413, "file_too_large", f"the file is over the upload limit of {max_upload_bytes} bytes "
+                    "(EVIDENTIA_MAX_UPLOAD_BYTES)", {"max_bytes": max_upload_bytes})
+
+
+def body_too_large(max_body_bytes: int) -> ApiError:
+    return ApiError(413, "too_large", f"request body over the limit of {max_body_bytes} bytes",
+                    {"max_bytes": max_body_bytes})
+
+
 def error_content(code: str, message: str, details: Any = None) -> dict:
     return {"error": {"code": code, "message": message, "details": details}}
 

@@ -11,7 +11,7 @@ from typing import Callable
 from fastapi import HTTPException
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from evidentia.api.errors import error_content
+from evidentia.api.errors import ApiError, error_content
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -83,26 +83,25 @@ class MetricsMiddleware:
 
 class _BodyTooLarge(HTTPException):
     """Raised from ``receive``: an HTTPException so that FastAPI's body parsing lets
-    it through (it turns other errors into a 400) and the error handler answers 413."""
+    it through (it turns other errors into a 400); the middleware answers 413."""
 
-    def __init__(self, limit: int) -> None:
-        super().__init__(413, f"request body over the limit of {limit} bytes")
-        self.details = {"max_bytes": limit}
+    def __init__(self) -> None:
+        super().__init__(413)
 
 
 class BodyLimitMiddleware:
     """Refuses request bodies over a limit before they are read whole: at once
     from Content-Length, or as soon as a streamed body passes the limit.
-    ``limit_for(scope)`` gives the limit of a request (uploads get more)."""
+    ``limit_for(scope)`` gives the limit of a request (uploads get more) and the
+    error that refuses it."""
 
-    def __init__(self, app, limit_for: Callable[[dict], int]) -> None:
+    def __init__(self, app, limit_for: Callable[[dict], tuple[int, ApiError]]) -> None:
         self.app = app
         self.limit_for = limit_for
 
-    async def _refuse(self, send, limit: int) -> None:
-        body = json.dumps(error_content(
-            "too_large", f"request body over the limit of {limit} bytes", {"max_bytes": limit})).encode()
-        await send({"type": "http.response.start", "status": 413,
+    async def _refuse(self, send, refusal: ApiError) -> None:
+        body = json.dumps(error_content(refusal.code, refusal.message, refusal.details)).encode()
+        await send({"type": "http.response.start", "status": refusal.status,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                                 (b"connection", b"close")]})
         await send({"type": "http.response.body", "body": body})
@@ -111,7 +110,7 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = self.limit_for(scope)
+        limit, refusal = self.limit_for(scope)
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
                 try:
@@ -119,7 +118,7 @@ class BodyLimitMiddleware:
                 except ValueError:
                     declared = 0
                 if declared > limit:
-                    await self._refuse(send, limit)
+                    await self._refuse(send, refusal)
                     return
         received = 0
         started = False
@@ -130,7 +129,7 @@ class BodyLimitMiddleware:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:
-                    raise _BodyTooLarge(limit)
+                    raise _BodyTooLarge()
             return message
 
         async def tracking_send(message) -> None:
@@ -143,10 +142,10 @@ class BodyLimitMiddleware:
             await self.app(scope, limited_receive, tracking_send)
         except _BodyTooLarge:
             if not started:
-                await self._refuse(send, limit)
+                await self._refuse(send, refusal)
         except BaseException as exc:  # FastAPI wraps body errors (400) or groups them
             if _caused_by_limit(exc) and not started:
-                await self._refuse(send, limit)
+                await self._refuse(send, refusal)
             else:
                 raise
 

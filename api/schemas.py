@@ -90,7 +90,7 @@ class PageOut(BaseModel):
 
 # -- validation ---------------------------------------------------------------
 class ValidateRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     question: str = Field(..., min_length=1, description="The questionnaire question (EVIDENTIA_MAX_QUESTION_CHARS, "
                           "default 2000 characters at most).",
@@ -143,7 +143,7 @@ class ValidateResponse(BaseModel):
 
 # -- feedback -----------------------------------------------------------------
 class FeedbackRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     validation_id: str
     document_id: str
@@ -164,7 +164,7 @@ class FeedbackOut(BaseModel):
 
 # -- admin --------------------------------------------------------------------
 class KeyCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     tenant: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", examples=["acme"],
                         description="1-64 letters, digits, '.', '_' or '-'; created on first use.")

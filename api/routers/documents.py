@@ -14,7 +14,7 @@ from fastapi import APIRouter, Depends, File, Form, Path as PathParam, Query, Re
 from fastapi.concurrency import run_in_threadpool
 
 from evidentia.api.deps import Caller, get_services, require_backend, require_tenant, run_blocking
-from evidentia.api.errors import ApiError, errors
+from evidentia.api.errors import ApiError, errors, file_too_large
 from evidentia.api.highlight import MAX_HIGHLIGHT_CHARS, MAX_TERMS, highlight_terms
 from evidentia.api.rendering import PageRenderer, RenderRefused
 from evidentia.tenants import internal_id
@@ -132,9 +132,7 @@ def _accept_upload(services: Services, caller: Caller, upload: UploadFile, docum
             while chunk := upload.file.read(CHUNK):
                 size += len(chunk)
                 if size > settings.max_upload_bytes:
-                    raise ApiError(413, "file_too_large", f"the file is over the upload limit of "
-                                   f"{settings.max_upload_bytes} bytes (EVIDENTIA_MAX_UPLOAD_BYTES)",
-                                   {"max_bytes": settings.max_upload_bytes})
+                    raise file_too_large(settings.max_upload_bytes)
                 out.write(chunk)
             out.flush()
             os.fsync(out.fileno())

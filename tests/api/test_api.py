@@ -368,7 +368,8 @@ def test_upload_errors_store_nothing(own_client, tmp_path, sample_pdf):
     assert_error(c.post("/v1/documents", headers=h, data={"document_id": "x"}), 422, "validation_error")
     # over the body limit: refused from Content-Length before the body is read
     huge = c.post("/v1/documents", headers=h, files={"file": ("h.pdf", b"%PDF-" + b"0" * (1 << 21))})
-    assert_error(huge, 413, "too_large")
+    err = assert_error(huge, 413, "file_too_large")  # the same answer as a file found too large while read
+    assert err["details"] == {"max_bytes": 20_000}
 
     assert c.get("/v1/documents", headers=h).json() == {"documents": []}
     leftovers = [p for p in services.uploads.rglob("*") if p.is_file()]
@@ -392,6 +393,8 @@ def test_validate_errors(client, sample_pdf):
         ({"reranker": "classifier", "threshold": 1.5}, "threshold"),
         ({"threshold": 0.5}, "threshold"),  # the none reranker has no probabilities
         ({"surprise": 1}, "surprise"),
+        ({"top_k": "5"}, "top_k"),  # no guessing at types
+        ({"document_ids": "acme-2023"}, "document_ids"),
     ]
     for extra, field in cases:
         body = {"question": SAMPLE_QUESTION, "answer": SAMPLE_ANSWER, "document_ids": ["acme-2023"], **extra}
@@ -403,6 +406,10 @@ def test_validate_errors(client, sample_pdf):
     assert err["details"] == {"document_ids": ["ghost"]}
     assert_error(client.post("/v1/validate", headers={**h, "content-type": "application/json"}, content=b"{oops"),
                  400, "invalid_json")
+    # a JSON body over the limit is refused before it is read whole
+    err = assert_error(client.post("/v1/validate", headers={**h, "content-type": "application/json"},
+                                   content=b'{"question": "' + b"q" * (1 << 20) + b'"}'), 413, "too_large")
+    assert err["details"] == {"max_bytes": 1 << 20}
     # none returns top_k pages at most
     assert len(validate(client, h, ["acme-2023"], question="2023", answer="", top_k=2).json()["pages"]) == 2
 
@@ -434,6 +441,11 @@ def test_feedback_errors(client, sample_pdf):
                        "page_not_in_validation")
     assert {"document_id": "acme-2023", "page": 2} in err["details"]["returned"]
     assert_error(client.post("/v1/feedback", headers=h, json={**fb, "page": 2, "relevant": "perhaps"}), 422)
+    # a verdict becomes training data: "yes", "0" or a page as "2" are refused, not guessed
+    for wrong in ({"relevant": "yes"}, {"relevant": 0}, {"page": "2"}):
+        err = assert_error(client.post("/v1/feedback", headers=h, json={**fb, "page": 2, **wrong}), 422,
+                           "validation_error")
+        assert any(next(iter(wrong)) in d["loc"] for d in err["details"]), (wrong, err)
     assert_error(client.post("/v1/feedback", headers=h, json={**fb, "page": 2, "analyst": "x" * 201}), 422)
     # the document is deleted after the validation: nothing to attach the judgement to
     assert client.delete("/v1/documents/acme-2023", headers=h).status_code == 204
