@@ -93,9 +93,19 @@ round later, the shipped model unchanged (section 8v).
   hybrid pools with and without the answer (and the writer's), so that the question
   asked alone is graded on its own pool. Two Action Plan questions have no page graded
   2: their answers are the glossary's definitions, which the rubric grades 0.
+- batch 22: twenty-four questionnaire questions **without an answer** (twelve a report),
+  written by two agents as a CDP/TCFD/GRI questionnaire asks any company (5-14 words, no
+  figure, no name, not written from one page), avoiding the 446 questions of batches
+  1-21; graded by four others on each question's hybrid pool (and the writer's pages),
+  blind (482 grades, 53 graded 2, 69 graded 1), with the rubric below for a question
+  without an answer. The test of docs/BENCHMARKS.md 8an's reading: whether the steep
+  calibration of the answer-stripped questions of batches 15-21 comes from grading the
+  pool or from the kind of question. One question (GRI reporting) has no page graded 2: its
+  grader found GRI's wording on the Report's page 42 but not its name, and gave it a 1.
 
 Who graded: four LLM agents, each given a quarter of the pages, the twelve
-questions and this rubric, and nothing of any ranking or probability:
+questions and this rubric (batch 22: "the question comes from a CSR questionnaire asked
+of any company; there is no supplier answer: judge what the page states about it"), and nothing of any ranking or probability:
 - 2: the page itself states information that answers the question for BHP (the
   passage an analyst would cite);
 - 1: BHP-specific information that partly answers it or that an analyst would read
@@ -180,11 +190,12 @@ import sys
 from pathlib import Path
 
 LABELS = Path(__file__).with_name("data") / "bhp_page_labels.jsonl"
-BATCHES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21)
+BATCHES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22)
 # questions with the supplier's answer, each asked of one report
 ANSWERED_BATCHES = (6, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21)
-# graded on the pages of the hybrid pool (21: with and without the answer; and the writer's), not every page
-POOL_GRADED_BATCHES = (8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21)
+# graded on the pages of the hybrid pool (21: with and without the answer; and the writer's), not every page;
+# 22: questions without an answer, each asked of one report
+POOL_GRADED_BATCHES = (8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22)
 FILING_LABELS = Path(__file__).with_name("data") / "financebench_heldout_labels.jsonl"
 # questions written and graded the same way on the filings of the companies training
 # keeps (training/splits/heldout.json): training data of the shipped model (README)
@@ -256,7 +267,8 @@ def main() -> int:
                     help="BHP: 1, 2: the questions the model was chosen on; 3, 4: the confirmation of that choice; "
                          "5: written after the model shipped; 6: questions with the supplier's answer; "
                          "7: written after them, measured once (section 8y); 8: answered, graded on the hybrid "
-                         "pool, the threshold's test (section 8ac); 9-21: answered, fresh tests (8ad-8am). "
+                         "pool, the threshold's test (section 8ac); 9-21: answered, fresh tests (8ad-8am); "
+                         "22: questionnaire questions without an answer, graded on their pool (8an). "
                          "Filings: 1, long answers; 2, short ones; 3, the threshold's test; 4-15: fresh tests "
                          "(8ad-8al) (default: all)")
     ap.add_argument("--question-only", action="store_true", help="leave the answers out of the queries")

@@ -19,7 +19,8 @@ def test_every_batch_grades_each_question_on_the_same_pages():
     assert {row["batch"] for row in rows} == set(module.BATCHES)
     assert {row["grade"] for row in rows} <= {0, 1, 2}
     assert len({(r["batch"], r["doc_id"], r["page"], r["question"]) for r in rows}) == len(rows)  # no pair twice
-    unanswered = [b for b in module.BATCHES if b not in module.ANSWERED_BATCHES]
+    # questions without an answer, each asked of both reports and graded on every page
+    unanswered = [b for b in module.BATCHES if b not in module.ANSWERED_BATCHES + module.POOL_GRADED_BATCHES]
     for batch in unanswered:
         batch_rows = [r for r in rows if r["batch"] == batch]
         questions = {r["question"] for r in batch_rows}
@@ -64,14 +65,17 @@ def test_answered_batch_grades_every_page_of_its_report_against_each_answer():
 
 
 def test_pool_graded_batch_grades_each_answer_on_its_pool_and_its_writers_pages():
-    """Batches 8 to 21, the fresh tests: each pair graded on the pages of its hybrid pool
-    of 20 (21: its pools with and without the answer) and the writer's, blind; twelve
-    pairs a report, each with an answering page, but for one of batch 19 and two of 21
+    """Batches 8 to 22, the fresh tests: each question graded on the pages of its hybrid
+    pool of 20 (21: its pools with and without the answer) and the writer's, blind;
+    twelve a report, each with an answering page, but for one of batch 19 and two of 21
     whose definitions only the glossary states (graded 0, as the rubric says of a
-    glossary): queries without evidence, a miss for every configuration."""
+    glossary) and one of 22: queries without evidence, a miss for every configuration.
+    Batch 22's questions come without an answer and were never asked before."""
     module = _report_labels()
-    assert module.POOL_GRADED_BATCHES == (8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21)
+    assert module.POOL_GRADED_BATCHES == (8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22)
     rows = [json.loads(line) for line in module.LABELS.read_text(encoding="utf-8").splitlines() if line.strip()]
+    earlier = {r["question"] for r in rows if r["batch"] < 22}
+    assert not earlier & {r["question"] for r in rows if r["batch"] == 22}
     for batch in module.POOL_GRADED_BATCHES:
         by_query: dict[tuple, list[dict]] = {}
         for r in rows:
@@ -82,12 +86,13 @@ def test_pool_graded_batch_grades_each_answer_on_its_pool_and_its_writers_pages(
         without_evidence = 0
         for (_doc_id, question), graded in by_query.items():
             assert len(graded) >= 20, question  # the pool's 20 pages, and the writer's outside it
-            assert len({r["answer"] for r in graded}) == 1 and graded[0]["answer"].strip()
+            assert len({r["answer"] for r in graded}) == 1
+            assert bool(graded[0]["answer"].strip()) == (batch in module.ANSWERED_BATCHES), question
             assert any(r["cited_by_writer"] for r in graded)
             without_evidence += not any(r["grade"] == 2 for r in graded)
-        assert without_evidence == {19: 1, 21: 2}.get(batch, 0), batch
+        assert without_evidence == {19: 1, 21: 2, 22: 1}.get(batch, 0), batch
         found = module.queries(module.LABELS, 2, (batch,))
-        assert len(found) == 24 and all(q["answer"] for q in found)
+        assert len(found) == 24 and all(bool(q["answer"]) == (batch in module.ANSWERED_BATCHES) for q in found)
         assert sum(not q["relevant_pages"] for q in found) == without_evidence
 
 
