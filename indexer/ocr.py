@@ -32,6 +32,7 @@ Page sources (``Page.text_source``):
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -41,7 +42,7 @@ import time
 from collections import deque
 from itertools import islice
 from dataclasses import dataclass, field, replace
-from typing import IO
+from typing import IO, Callable
 
 import pymupdf
 
@@ -263,7 +264,11 @@ def image_cover(page: pymupdf.Page) -> float:
 def looks_scanned(page: pymupdf.Page, text_layer: str) -> bool:
     """A page with (almost) no text that shows an image over much of its area, or
     many drawn paths (glyphs turned into outlines)."""
-    cover, paths = drawings(page)
+    return _looks_scanned(drawings(page))
+
+
+def _looks_scanned(drawn: tuple[float, int]) -> bool:
+    cover, paths = drawn
     return cover >= SCAN_IMAGE_COVER or paths >= OUTLINED_TEXT_PATHS
 
 
@@ -272,24 +277,27 @@ def shows_anything(page: pymupdf.Page) -> bool:
     return any(kind != "ignore-text" for kind, _ in page.get_bboxlog())
 
 
-def ocr_reason(page: pymupdf.Page, text_layer: str) -> str | None:
+def ocr_reason(page: pymupdf.Page, text_layer: str,
+               drawn: Callable[[], tuple[float, int]] | None = None) -> str | None:
     """Why the page needs Tesseract: ``junk`` (a text layer of glyph junk), ``scan``
     (too little text on a page that looks scanned, or nothing but drawings),
-    ``figure`` (a caption under a figure printed as an image); None: it does not."""
+    ``figure`` (a caption under a figure printed as an image); None: it does not.
+    ``drawn`` gives the page's ``drawings``, for a caller that needs them again."""
     if is_garbage(text_layer):
         return "junk"
     if has_letters(text_layer, FIGURE_CAPTION_LETTERS):
         return None
+    drawn = drawn or (lambda: drawings(page))
     if has_letters(text_layer, SHORT_TEXT_LETTERS):
-        return "figure" if image_cover(page) >= SCAN_IMAGE_COVER else None
-    scanned = looks_scanned(page, text_layer) if text_layer.strip() else shows_anything(page)
+        return "figure" if drawn()[0] >= SCAN_IMAGE_COVER else None
+    scanned = _looks_scanned(drawn()) if text_layer.strip() else shows_anything(page)
     return "scan" if scanned else None
 
 
-def needs_ocr(page: pymupdf.Page, text_layer: str) -> bool:
+def needs_ocr(page: pymupdf.Page, text_layer: str, drawn: Callable[[], tuple[float, int]] | None = None) -> bool:
     """No usable text layer: junk, or too little text on a page that looks scanned,
     or a caption under a figure printed as an image."""
-    return ocr_reason(page, text_layer) is not None
+    return ocr_reason(page, text_layer, drawn) is not None
 
 
 def ocr_replaces(ocr_text: str, text_layer: str) -> bool:
@@ -334,7 +342,9 @@ def prepare_page(page: pymupdf.Page, engine: OcrEngine, text_layer: str | None =
     (or none can run), else its render. PyMuPDF work only: the caller's thread."""
     if text_layer is None:
         text_layer = page.get_text("text", sort=False)
-    if engine.mode != "force" and not needs_ocr(page, text_layer):
+    # the drawing log read once: on a page of 350,000 strokes a reading takes seconds
+    drawn = functools.cache(lambda: drawings(page))
+    if engine.mode != "force" and not needs_ocr(page, text_layer, drawn):
         return PageText(text_layer, TEXT if text_layer.strip() else NONE)
     if engine.mode == "force" and not shows_anything(page):
         return PageText("", NONE)
@@ -345,7 +355,7 @@ def prepare_page(page: pymupdf.Page, engine: OcrEngine, text_layer: str | None =
         return PageText(kept, fallback, problem="OCR is off: EVIDENTIA_OCR=off")
     if not engine.available:
         return PageText(kept, fallback, problem=engine.problem)
-    paths = drawings(page)[1]
+    paths = drawn()[1]
     if paths > MAX_OCR_PATHS:
         return PageText(kept, fallback, problem=f"the page draws {paths} paths, too many to render for OCR "
                                                  f"(at most {MAX_OCR_PATHS})")

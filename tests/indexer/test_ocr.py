@@ -273,6 +273,19 @@ def test_a_page_of_too_many_paths_is_left_unread_not_rendered(tmp_path):
     assert document.unread_pages == 1 and "paths" in document.ocr_problem
 
 
+@needs_tesseract
+def test_a_page_sent_to_ocr_has_its_drawing_log_read_once(tmp_path, monkeypatch):
+    """The log of a page of many strokes takes seconds to read: the decision to OCR it and
+    the cap on its paths share one reading."""
+    page = pymupdf.open(figure_pdf(tmp_path / "figure.pdf", TEXTS["en"]))[0]
+    layer = page.get_text()
+    reads = []
+    real = pymupdf.Page.get_bboxlog
+    monkeypatch.setattr(pymupdf.Page, "get_bboxlog", lambda self, *a, **k: reads.append(1) or real(self, *a, **k))
+    assert isinstance(ocr_mod.prepare_page(page, TESSERACT, layer), ocr_mod.Rendered)
+    assert len(reads) == 1
+
+
 # -- several pages at once ----------------------------------------------------------------
 # A fully scanned document whose first page shows no language, so the next ones are read
 # ahead without a prior and again once page 2 sets it (French: page 4 is then read in
