@@ -105,7 +105,7 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = DEFAULT_CODES.get(exc.status_code, "error")
+        code = getattr(exc, "code", None) or DEFAULT_CODES.get(exc.status_code, "error")
         message = exc.detail if isinstance(exc.detail, str) else code
         if exc.status_code == 404 and message == "Not Found":
             message = f"no such endpoint: {request.method} {request.url.path} (see /docs)"

@@ -83,10 +83,13 @@ class MetricsMiddleware:
 
 class _BodyTooLarge(HTTPException):
     """Raised from ``receive``: an HTTPException so that FastAPI's body parsing lets
-    it through (it turns other errors into a 400); the middleware answers 413."""
+    it through (it turns other errors into a 400). The app's handler or the middleware
+    answers it with the refusal's code, message and details."""
 
-    def __init__(self) -> None:
-        super().__init__(413)
+    def __init__(self, refusal: ApiError) -> None:
+        super().__init__(refusal.status, refusal.message)
+        self.code = refusal.code
+        self.details = refusal.details
 
 
 class BodyLimitMiddleware:
@@ -129,7 +132,7 @@ class BodyLimitMiddleware:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:
-                    raise _BodyTooLarge()
+                    raise _BodyTooLarge(refusal)
             return message
 
         async def tracking_send(message) -> None:

@@ -370,6 +370,15 @@ def test_upload_errors_store_nothing(own_client, tmp_path, sample_pdf):
     huge = c.post("/v1/documents", headers=h, files={"file": ("h.pdf", b"%PDF-" + b"0" * (1 << 21))})
     err = assert_error(huge, 413, "file_too_large")  # the same answer as a file found too large while read
     assert err["details"] == {"max_bytes": 20_000}
+    # streamed without a Content-Length: refused as the bytes pass the limit, with the same answer
+    boundary = "evidentia-test"
+    head = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"s.pdf\"\r\n"
+            "Content-Type: application/pdf\r\n\r\n%PDF-").encode()
+    chunks = iter([head] + [b"0" * (1 << 16)] * 40)
+    streamed = c.post("/v1/documents", headers={**h, "content-type": f"multipart/form-data; boundary={boundary}"},
+                      content=chunks)
+    err = assert_error(streamed, 413, "file_too_large")
+    assert err["details"] == {"max_bytes": 20_000} and "EVIDENTIA_MAX_UPLOAD_BYTES" in err["message"]
 
     assert c.get("/v1/documents", headers=h).json() == {"documents": []}
     leftovers = [p for p in services.uploads.rglob("*") if p.is_file()]
@@ -410,6 +419,10 @@ def test_validate_errors(client, sample_pdf):
     err = assert_error(client.post("/v1/validate", headers={**h, "content-type": "application/json"},
                                    content=b'{"question": "' + b"q" * (1 << 20) + b'"}'), 413, "too_large")
     assert err["details"] == {"max_bytes": 1 << 20}
+    streamed = client.post("/v1/validate", headers={**h, "content-type": "application/json"},
+                           content=iter([b'{"question": "'] + [b"q" * (1 << 16)] * 20 + [b'"}']))
+    err = assert_error(streamed, 413, "too_large")
+    assert err["details"] == {"max_bytes": 1 << 20} and "1048576 bytes" in err["message"]
     # none returns top_k pages at most
     assert len(validate(client, h, ["acme-2023"], question="2023", answer="", top_k=2).json()["pages"]) == 2
 
