@@ -91,14 +91,15 @@ def require_backend(services: Services):
     return services.backend
 
 
-async def run_blocking(services: Services, fn: Callable[..., T], *args, timeout: float | None = None) -> T:
+async def run_blocking(services: Services, fn: Callable[..., T], *args, timeout: float | None = None,
+                       limiter: anyio.CapacityLimiter | None = None) -> T:
     """Run ``fn`` in a worker thread, answering 504 when it takes longer than the
-    request timeout. The thread is abandoned, not killed: ``fn`` must write
-    nothing that a timed-out request must not leave behind (callers store
-    results after this returns)."""
+    request timeout (its wait for a ``limiter`` token included). The thread is
+    abandoned, not killed: ``fn`` must write nothing that a timed-out request must
+    not leave behind (callers store results after this returns)."""
     limit = services.settings.request_timeout_s if timeout is None else timeout
     try:
-        return await asyncio.wait_for(_to_thread(lambda: fn(*args)), limit)
+        return await asyncio.wait_for(_to_thread(lambda: fn(*args), limiter), limit)
     except (asyncio.TimeoutError, TimeoutError):
         raise ApiError(504, "timeout", f"the request took longer than {limit:g} s (EVIDENTIA_REQUEST_TIMEOUT_S); "
                        f"retry later, or with fewer documents or a smaller top_k", {"timeout_s": limit}) from None
@@ -109,8 +110,8 @@ _ABANDON = ("abandon_on_cancel" if "abandon_on_cancel" in inspect.signature(anyi
             else "cancellable")
 
 
-async def _to_thread(fn: Callable[[], T]) -> T:
-    return await anyio.to_thread.run_sync(fn, **{_ABANDON: True})
+async def _to_thread(fn: Callable[[], T], limiter: anyio.CapacityLimiter | None = None) -> T:
+    return await anyio.to_thread.run_sync(fn, limiter=limiter, **{_ABANDON: True})
 
 
 def deadline(services: Services) -> float:

@@ -14,6 +14,7 @@ from evidentia.api.indexing import IndexingWorker
 from evidentia.api.metrics import Metrics
 from evidentia.api.rendering import PageRenderer
 from evidentia.api.ratelimit import RateLimiter
+from evidentia.api.tenant_slots import TenantSlots
 from evidentia.config import Settings
 from evidentia.engine import Engine
 from evidentia.reranker.cache import RerankerCache
@@ -36,6 +37,10 @@ class Services:
         # in the thread pool that authentication and storage use (see reranker/llm_runtime.py)
         self.llm = LLMRuntime(settings.llm_concurrency)
         self.rate_limiter = RateLimiter(settings.rate_limit_per_minute)
+        # one tenant's burst of searches or uploads waits for its own slots, not for the
+        # shared thread pool that every tenant's requests need (api/tenant_slots.py)
+        self.search_slots = TenantSlots(settings.tenant_concurrency)
+        self.upload_slots = TenantSlots(settings.tenant_concurrency)
         self.doc_lock = threading.Lock()  # serialises index writes with deletes
         self.backend_ready = threading.Event()
         self.store: Store | None = None

@@ -25,13 +25,18 @@ stops at every one), with the worst /health latency during each.
 victim's report waits for an indexing worker (with two workers and one queue it
 waited for one of the slow files; a tenant now holds at most all workers but one).
 
+``--parts burst``: the attacker sends 40 uploads of a small valid report at once, then
+100 searches of twenty of them at once (top_k 100, a 5,000-character answer): the
+victim's validate latency during each (a tenant's requests beyond
+EVIDENTIA_TENANT_CONCURRENCY wait for its own slots, not for the server's threads).
+
 Prints the outcome and reason of each file, its time to the outcome, the
 server's peak memory (children included), the worst /health and validate
 latencies and the victim's errors. ``--no-content-caps`` lifts the
 content-size caps so that the memory and time limits do the work; ``--parts
 multipart`` runs only the near-limit bodies.
 
-Usage: python bench/bench_hostile.py [--no-content-caps] [--parts files,multipart,queue] [--json]
+Usage: python bench/bench_hostile.py [--no-content-caps] [--parts files,multipart,queue,burst] [--json]
 """
 
 from __future__ import annotations
@@ -240,6 +245,51 @@ def slow_uploads_then_a_victims(mon: "Monitor", attacker: httpx.Client, victim: 
           f"30-page scans took {time.perf_counter() - t0:.1f} s in all", file=sys.stderr)
 
 
+def burst_of_one_tenant(mon: "Monitor", attacker_key: str, url: str, work: Path, report: dict) -> None:
+    """40 uploads at once, then 100 searches at once, all the attacker's: their times, and
+    the victim's validate latency during each."""
+    import asyncio
+
+    sample = write_sample_report(work / "burst.pdf").read_bytes()
+    headers = {"X-API-Key": attacker_key}
+
+    async def at_once(n: int, send) -> tuple[float, dict[int, int]]:
+        limits = httpx.Limits(max_connections=n + 5)
+        async with httpx.AsyncClient(base_url=url, headers=headers, timeout=300, limits=limits) as c:
+            t0 = time.perf_counter()
+            statuses = await asyncio.gather(*(send(c, i) for i in range(n)))
+        counts: dict[int, int] = {}
+        for status in statuses:
+            counts[status] = counts.get(status, 0) + 1
+        return time.perf_counter() - t0, counts
+
+    async def one_upload(c, i):
+        files = {"file": (f"burst-{i}.pdf", sample, "application/pdf")}
+        return (await c.post("/v1/documents", files=files)).status_code
+
+    async def one_search(c, i):
+        body = {"question": SAMPLE_QUESTION + f" ({i})", "answer": ((SAMPLE_ANSWER + " ") * 40)[:5000],
+                "document_ids": [f"burst-{d}" for d in range(20)], "top_k": 100, "reranker": "none"}
+        return (await c.post("/v1/validate", json=body)).status_code
+
+    result: dict = {}
+    for phase, n, send in (("burst_uploads", 40, one_upload), ("burst_searches", 100, one_search)):
+        if phase == "burst_searches":  # twenty of the uploads indexed: each search reads them all
+            with httpx.Client(headers=headers, timeout=60) as c:
+                for d in range(20):
+                    wait_outcome(c, url, f"burst-{d}", 600)
+        mon.phase = phase
+        first = len(mon.validate)
+        seconds, statuses = asyncio.run(at_once(n, send))
+        time.sleep(1.0)
+        during = mon.validate[first:]
+        result[phase] = {"requests": n, "statuses": statuses, "seconds": round(seconds, 1),
+                         "victim_validate": _summary(during)}
+        print(f"{phase}: {n} at once, {statuses} in {seconds:.1f} s; the victim's validate meanwhile "
+              f"{_summary(during)}", file=sys.stderr)
+    report["burst"] = result
+
+
 def run(no_content_caps: bool, parts: set[str]) -> dict:
     work = Path(tempfile.mkdtemp(prefix="bench-hostile-"))
     env = {k: v for k, v in os.environ.items()}
@@ -287,6 +337,8 @@ def run(no_content_caps: bool, parts: set[str]) -> dict:
                 upload_near_limit(mon, attacker, url, report)
             if "queue" in parts:
                 slow_uploads_then_a_victims(mon, attacker, victim, url, work, report)
+            if "burst" in parts:
+                burst_of_one_tenant(mon, keys["attacker"], url, work, report)
             for name, path in (files.items() if "files" in parts else ()):
                 mon.phase = name
                 t0 = time.perf_counter()
@@ -366,11 +418,12 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--parts", default="files,multipart",
                         help="comma-separated: files (the hostile PDFs), multipart (bodies near the upload limit), "
-                             "queue (two slow uploads, then another tenant's)")
+                             "queue (two slow uploads, then another tenant's), burst (40 uploads, then 100 "
+                             "searches, of one tenant at once)")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
-    if not parts <= {"files", "multipart", "queue"}:
-        parser.error("--parts takes files, multipart and/or queue")
+    if not parts <= {"files", "multipart", "queue", "burst"}:
+        parser.error("--parts takes files, multipart, queue and/or burst")
     report = run(args.no_content_caps, parts)
     if args.json:
         print(json.dumps(report, indent=2))
@@ -387,6 +440,9 @@ def main() -> None:
         q = report["queue"]
         print(f"another tenant's report behind two slow uploads: {q['victim_status']} in {q['victim_seconds']} s; "
               f"the slow ones {q['slow_status']} ({q['slow_pages']} pages) after {q['all_done_seconds']} s in all")
+    for phase, b in report.get("burst", {}).items():
+        print(f"{phase}: {b['requests']} of one tenant at once, {b['statuses']} in {b['seconds']} s; another "
+              f"tenant's validate meanwhile {b['victim_validate']}")
     if "page_images_12_at_once" in report:
         p = report["page_images_12_at_once"]
         print(f"12 page images of the huge-image page at once: statuses {p['statuses']} in {p['seconds']} s")

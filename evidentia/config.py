@@ -253,6 +253,9 @@ class Settings:
                                     "before `/ready`", parse=lower)
     rerank_concurrency: int = setting(1, "local-compute reranker calls (classifier) running at once; the others "
                                       "queue", parse=positive_int)
+    tenant_concurrency: int = setting(2, "searches of one tenant running at once, and uploads of one tenant being "
+                                      "stored; the others wait their turn without holding a server thread",
+                                      parse=positive_int)
     # -- untrusted PDFs (issue #15): extraction and page images run in child processes
     # under these bounds (indexer/worker.py, api/rendering.py); `evidentia index` uses them too
     extract_timeout_s: float = setting(300.0, "an extraction still running then is killed; the document fails",

@@ -187,7 +187,7 @@ async def upload_document(
     caller: Caller = Depends(require_tenant),
     services: Services = Depends(get_services),
 ) -> DocumentAccepted:
-    row = await run_in_threadpool(_accept_upload, services, caller, file, document_id)
+    row = await services.upload_slots.run(caller.tenant, _accept_upload, services, caller, file, document_id)
     response.headers["Location"] = f"/v1/documents/{row.document_id}"
     return DocumentAccepted(document_id=row.document_id, status=row.status if row.next_generation else "queued",
                             reindex_status=row.next_status)

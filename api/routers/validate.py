@@ -125,7 +125,7 @@ async def validate(body: ValidateRequest, request: Request, caller: Caller = Dep
                                     reranker=first, deadline=until)
 
     try:
-        reranker, result = await run_blocking(services, work)
+        reranker, result = await run_blocking(services, work, limiter=services.search_slots.limiter(caller.tenant))
     except UnknownDocumentError as exc:
         gone = _external(exc.doc_ids)
         raise ApiError(409, "document_gone", f"document(s) {', '.join(gone)} are missing from the search index; "
