@@ -50,14 +50,18 @@ DOCUMENT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")
 def document_id_for(filename: str) -> str:
     """A file's document id, the same for the CLI and the API: its stem with accents
     dropped (``é`` -> ``e``), every run of characters other than ASCII letters,
-    digits, ``_``, ``.``, ``-`` turned into one ``-``, trimmed to an id's 128
-    characters. A stem with none of those (``文档.pdf``) is ``document-`` and 8 hex
-    digits of its name's hash: two such files never share an id, which would make
-    the second replace the first."""
+    digits, ``_``, ``.``, ``-`` turned into one ``-``. A stem with none of those
+    (``文档.pdf``) is ``document-`` and 8 hex digits of its name's hash; one longer
+    than an id's 128 characters keeps its first 119 and ``-`` and those 8 digits.
+    Either way two files never share an id, which would make the second replace the
+    first."""
     stem = PurePath(filename).stem
+    digest = hashlib.sha256(stem.encode("utf-8")).hexdigest()[:8]
     plain = unicodedata.normalize("NFKD", stem).encode("ascii", "ignore").decode("ascii")
-    cleaned = re.sub(r"[^A-Za-z0-9_.-]+", "-", plain).strip("-._")[:128].rstrip("-._")
-    return cleaned or f"document-{hashlib.sha256(stem.encode('utf-8')).hexdigest()[:8]}"
+    cleaned = re.sub(r"[^A-Za-z0-9_.-]+", "-", plain).strip("-._")
+    if len(cleaned) > 128:
+        cleaned = f"{cleaned[:119].rstrip('-._')}-{digest}"
+    return cleaned or f"document-{digest}"
 
 
 KEY_PREFIX = "evk_"

@@ -61,14 +61,26 @@ def open_pdf(path: Path) -> pymupdf.Document:
 TRUNCATED = "corrupted PDF: the file is truncated (its end is missing); upload the complete file"
 
 
+# bytes that pad a complete file after its %%EOF (some writers and transfers add them)
+_PADDING = b"\x00\t\n\x0c\r "
+
+
 def _is_truncated(path: Path) -> bool:
-    """No %%EOF marker in the last 1024 bytes (where readers look for it), but PDF
-    objects before: the start of a real PDF whose end was cut off."""
+    """No %%EOF marker in the last 1024 bytes before any trailing padding (where
+    readers look for it), but PDF objects before: the start of a real PDF whose end
+    was cut off."""
     size = path.stat().st_size
     with open(path, "rb") as fh:
-        fh.seek(max(0, size - 1024))
-        tail = fh.read()
-        if b"%%EOF" in tail:
+        end = size
+        while end > 0:  # back over the padding, 64 KiB at a time
+            start = max(0, end - (1 << 16))
+            fh.seek(start)
+            kept = fh.read(end - start).rstrip(_PADDING)
+            end = start + len(kept)
+            if kept:
+                break
+        fh.seek(max(0, end - 1024))
+        if b"%%EOF" in fh.read(end - max(0, end - 1024)):
             return False
         fh.seek(0)
         return b"endobj" in fh.read(min(size, 4 << 20))

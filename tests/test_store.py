@@ -26,6 +26,18 @@ def test_names_without_a_usable_character_get_distinct_ids():
     assert len(document_id_for("a" * 300 + ".pdf")) == 128
 
 
+def test_long_names_that_differ_past_an_ids_length_get_distinct_ids():
+    """Two 130-character names differing in their last letters both became the same
+    126-character id: the second upload silently replaced the first."""
+    prefix = "Group_Sustainability_Report_2023_Consolidated_Non_Financial_Statement_and_Annex_" * 2
+    part_a, part_b = document_id_for(prefix + "_Part_A.pdf"), document_id_for(prefix + "_Part_B.pdf")
+    assert part_a != part_b and len(part_a) == len(part_b) == 128
+    assert part_a.startswith(prefix[:100]) and DOCUMENT_ID_RE.match(part_a) and DOCUMENT_ID_RE.match(part_b)
+    assert document_id_for(prefix + "_Part_A.pdf") == part_a
+    assert len({document_id_for("b" * n + ".pdf") for n in (200, 255, 300)}) == 3
+    assert document_id_for("c" * 128 + ".pdf") == "c" * 128  # a name that fits stays as it is
+
+
 @pytest.mark.parametrize("value", ["evil\n", "acme\n", "a\nb", "a b", "", "-a", "a:b", "é"])
 def test_ids_and_tenants_hold_no_newline_or_foreign_character(value):
     assert not DOCUMENT_ID_RE.match(value) and not TENANT_RE.match(value)

@@ -149,6 +149,22 @@ def test_corrupted_files_really_fail(tmp_path, multilingual_pdf, detector):
             extract_pages(path, "x", detector)
 
 
+def test_a_complete_file_padded_after_its_end_is_read_and_a_cut_one_still_fails(tmp_path, multilingual_pdf,
+                                                                                   detector):
+    """Writers and transfers pad some files after %%EOF: kilobytes of NULs, newlines or
+    spaces are not a truncation; a cut file padded the same way still is."""
+    data = multilingual_pdf.path.read_bytes()
+    pages = len(extract_pages(multilingual_pdf.path, "x", detector).pages)
+    for name, padding in {"nul": b"\x00" * 2048, "newlines": b"\n" * 4096, "spaces": b" " * 100_000}.items():
+        padded = tmp_path / f"padded-{name}.pdf"
+        padded.write_bytes(data + padding)
+        assert len(extract_pages(padded, "x", detector).pages) == pages, name
+        cut = tmp_path / f"cut-{name}.pdf"
+        cut.write_bytes(data[:600] + padding)
+        with pytest.raises(PdfError, match="truncated"):
+            extract_pages(cut, "x", detector)
+
+
 def test_truncated_file_does_not_stop_a_batch(tmp_path, multilingual_pdf, detector, backend):
     # cut inside the page tree: PyMuPDF opens the file, then fails when counting pages
     truncated = tmp_path / "truncated.pdf"
