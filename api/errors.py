@@ -4,6 +4,7 @@ for the API's own errors, FastAPI's validation errors, unknown routes and crashe
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -67,6 +68,18 @@ def file_too_large(max_upload_bytes: int) -> ApiError:
 def body_too_large(max_body_bytes: int) -> ApiError:
     return ApiError(413, "too_large", f"request body over the limit of {max_body_bytes} bytes",
                     {"max_bytes": max_body_bytes})
+
+
+# a server's file path (two or more segments) or URL inside an exception's text
+_SERVER_PATH = re.compile(r"(?<![\w.])(?:[A-Za-z]:\\|/)(?:[^\s'\"`,;:()<>]+[\\/])+[^\s'\"`,;:()<>]*")
+_URL = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"`<>]*[^\s'\"`<>:.,;]")
+
+
+def without_server_details(text: str) -> str:
+    """An exception's text as an HTTP client may read it: the server's file paths and
+    URLs (a model directory, Elasticsearch's address) replaced; the server's log keeps
+    them."""
+    return _SERVER_PATH.sub("<path on the server>", _URL.sub("<server URL>", text))
 
 
 def error_content(code: str, message: str, details: Any = None) -> dict:

@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from evidentia.api.errors import without_server_details
 from evidentia.indexer.pdf import PdfError
 from evidentia.indexer.worker import BoundedCall, ExtractionLimits, WorkFailed, extraction_call
 from evidentia.indexing import embed_document, unread_reason
@@ -316,7 +317,7 @@ class IndexingWorker:
                 log.exception("embedding %s:%s", tenant, document_id)
                 self._fail(tenant, document_id, generation,
                            f"{Path(file_path).name}: cannot compute the page embeddings (EVIDENTIA_DENSE=on, "
-                           f"EVIDENTIA_DENSE_MODEL={services.settings.dense_model}): {exc}")
+                           f"EVIDENTIA_DENSE_MODEL): {without_server_details(str(exc))}")
                 return
         reason = ""
         for attempt in range(BACKEND_ATTEMPTS):

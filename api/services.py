@@ -10,12 +10,13 @@ import shutil
 import threading
 from pathlib import Path
 
+from evidentia.api.errors import without_server_details
 from evidentia.api.indexing import IndexingWorker
 from evidentia.api.metrics import Metrics
 from evidentia.api.rendering import PageRenderer
 from evidentia.api.ratelimit import RateLimiter
 from evidentia.api.tenant_slots import TenantSlots
-from evidentia.config import Settings
+from evidentia.config import ConfigError, Settings
 from evidentia.engine import Engine
 from evidentia.reranker.cache import RerankerCache
 from evidentia.reranker.llm_runtime import LLMRuntime
@@ -150,15 +151,20 @@ class Services:
                     self.checks["index"] = "ok"
                     self.backend_ready.set()
                 except Exception as exc:  # ConfigError, BackendError, connection errors
-                    self.checks["index"] = f"error: {exc}"
+                    self._check_failed("index", exc)
             if self.checks[f"reranker:{name}"] != "ok":
                 if self.checks[f"reranker:{name}"] == "not loaded":
                     self.checks[f"reranker:{name}"] = "loading"
                 try:
-                    self.engine.reranker(self.engine.config(reranker=name, stage="bm25"))
+                    reranker = self.engine.reranker(self.engine.config(reranker=name, stage="bm25"))
+                    # an LLM without its key loads but would answer every search with the
+                    # first-stage order: not ready
+                    problem = reranker.problem()
+                    if problem:
+                        raise ConfigError(problem)
                     self.checks[f"reranker:{name}"] = "ok"
                 except Exception as exc:
-                    self.checks[f"reranker:{name}"] = f"error: {exc}"
+                    self._check_failed(f"reranker:{name}", exc)
             if "embedder" in self.checks and self.checks["embedder"] != "ok":
                 if self.checks["embedder"] == "not loaded":
                     self.checks["embedder"] = "loading"
@@ -166,10 +172,18 @@ class Services:
                     self.load_embedder()
                     self.checks["embedder"] = "ok"
                 except Exception as exc:  # EmbeddingError: bad EVIDENTIA_DENSE_MODEL, missing package
-                    self.checks["embedder"] = f"error: {exc}"
+                    self._check_failed("embedder", exc)
             if self.ready:
                 return
             self._stopping.wait(2.0)
+
+    def _check_failed(self, check: str, exc: Exception) -> None:
+        """/ready answers anyone: it shows the reason without the server's paths and URLs,
+        which the log keeps (once per new reason, not every retry)."""
+        shown = f"error: {without_server_details(str(exc))}"
+        if self.checks.get(check) != shown:
+            log.warning("%s: %s", check, exc)
+        self.checks[check] = shown
 
     # -- crash leftovers -----------------------------------------------------
     def _sweep_files(self) -> None:

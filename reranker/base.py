@@ -57,6 +57,11 @@ class Reranker(ABC):
         """A version string of the loaded model, stored with each validation."""
         return None
 
+    def problem(self) -> str | None:
+        """Why every call would fall back to the first-stage order (a remote model
+        without its key), found without calling anything; None when it can work."""
+        return None
+
     def with_threshold(self, threshold: float | None) -> "Reranker":
         """This reranker with another threshold, sharing whatever it has loaded."""
         if threshold == self.threshold:

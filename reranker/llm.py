@@ -634,6 +634,13 @@ class LLMReranker(Reranker):
 
     # ------------------------------------------------------------ calling the model
 
+    def problem(self) -> str | None:
+        try:
+            self.client_or_fail()
+        except LLMFailure as exc:
+            return str(exc)
+        return None
+
     def client_or_fail(self):
         """The OpenAI client (created on first use); ``LLMFailure`` when it cannot be."""
         if self._client is None:
@@ -645,7 +652,7 @@ class LLMReranker(Reranker):
             except Exception as exc:
                 if "api_key" in str(exc):  # the client's own message names an option and is cut in a UI
                     raise LLMFailure("LLM not configured: no API key; set EVIDENTIA_LLM_API_KEY (or "
-                                     "OPENAI_API_KEY) on the server") from None
+                                     "OPENAI_API_KEY)") from None
                 raise LLMFailure(f"LLM not configured: {_describe(exc)}") from None
         return self._client
 

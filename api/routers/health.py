@@ -8,7 +8,7 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from evidentia.api.deps import get_services
-from evidentia.api.errors import ApiError, errors
+from evidentia.api.errors import ApiError, errors, without_server_details
 from evidentia.api.schemas import Health, Ready
 from evidentia.api.services import Services
 
@@ -28,12 +28,12 @@ def _live_checks(services: Services) -> dict[str, str]:
         try:
             services.store.ping()
         except Exception as exc:
-            checks["store"] = f"error: {exc}"
+            checks["store"] = f"error: {without_server_details(str(exc))}"
     if services.backend is not None:
         try:
             services.backend.get_document(READY_PROBE_ID)
         except Exception as exc:
-            checks["index"] = f"error: {exc}"
+            checks["index"] = f"error: {without_server_details(str(exc))}"
     return checks
 
 

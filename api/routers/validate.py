@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 import uuid
 
@@ -10,7 +11,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
 
 from evidentia.api.deps import Caller, deadline, get_services, require_backend, require_tenant, run_blocking
-from evidentia.api.errors import ApiError, errors
+from evidentia.api.errors import ApiError, errors, without_server_details
 from evidentia.tenants import internal_id, split_internal_id
 from evidentia.api.routers.documents import not_ready_message
 from evidentia.api.schemas import ErrorResponse, ValidatedPage, ValidateRequest, ValidateResponse
@@ -23,6 +24,7 @@ from evidentia.store import ValidationRow, now
 from evidentia.retriever.base import BackendError, MissingVectorsError, UnknownDocumentError, VectorModelError
 
 router = APIRouter(tags=["validation"])
+log = logging.getLogger("evidentia.api")
 
 
 # How the API names each run option of Engine.config in its errors.
@@ -110,13 +112,15 @@ async def validate(body: ValidateRequest, request: Request, caller: Caller = Dep
         try:
             reranker = engine.reranker(config)
         except ConfigError as exc:
-            raise ApiError(503, "reranker_unavailable", f"reranker {config.reranker!r} cannot be loaded: {exc}") from None
+            log.warning("reranker %r cannot be loaded: %s", config.reranker, exc)
+            raise ApiError(503, "reranker_unavailable", f"reranker {config.reranker!r} cannot be loaded: "
+                           f"{without_server_details(str(exc))}") from None
         if stage != "bm25":
             try:
                 engine.load_embedder()
             except ConfigError as exc:
                 raise ApiError(503, "embedder_unavailable", f"the embedding model for the {stage} stage cannot "
-                               f"be loaded: {exc}") from None
+                               f"be loaded: {without_server_details(str(exc))}") from None
         query = engine.query(body.question, body.answer)
         # a reranker that waits on a remote model (the LLM) runs after this, awaited
         # outside the shared thread pool (see _rerank_awaited)
@@ -141,7 +145,7 @@ async def validate(body: ValidateRequest, request: Request, caller: Caller = Dep
         raise ApiError(409, "vector_model_mismatch", f"{message} (here: upload them again)",
                        {"document_ids": _external(exc.doc_ids), "stage": stage}) from None
     except BackendError as exc:
-        raise ApiError(503, "backend_unavailable", f"search engine error: {exc}") from None
+        raise ApiError(503, "backend_unavailable", f"search engine error: {without_server_details(str(exc))}") from None
     if reranker.takes_deadline:
         result = await _rerank_awaited(services, request, reranker, result, until)
 

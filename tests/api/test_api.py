@@ -70,7 +70,7 @@ def test_health_ready_and_metrics(client):
     assert "evidentia_http_request_duration_seconds_bucket" in text
 
 
-def test_ready_is_503_until_the_default_reranker_loads(own_client, tmp_path):
+def test_ready_is_503_until_the_default_reranker_loads(own_client, tmp_path, sample_pdf):
     c = own_client(wait=False, default_reranker="classifier", classifier_model=str(tmp_path / "no-such-model"))
     assert c.get("/health").status_code == 200
     deadline = time.monotonic() + 30
@@ -83,6 +83,24 @@ def test_ready_is_503_until_the_default_reranker_loads(own_client, tmp_path):
     assert "reranker:classifier" in err["message"]
     assert err["details"]["checks"]["store"] == "ok"
     assert err["details"]["checks"]["reranker:classifier"].startswith("error")
+    # /ready answers anyone, and a tenant's search names the reranker: neither shows the server's paths
+    assert str(tmp_path) not in json.dumps(err) and "<path on the server>" in json.dumps(err)
+    h = new_tenant(c)
+    ready_document(c, h, sample_pdf)
+    refused = assert_error(validate(c, h, ["acme-2023"], reranker="classifier"), 503, "reranker_unavailable")
+    assert str(tmp_path) not in json.dumps(refused) and "<path on the server>" in refused["message"]
+
+
+def test_ready_is_503_while_the_llm_has_no_key(own_client, monkeypatch):
+    """An LLM without its key loads, but would answer every search with the first-stage order."""
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    c = own_client(wait=False, default_reranker="llm", llm_api_key=None)
+    deadline = time.monotonic() + 30
+    while (err := assert_error(c.get("/ready"), 503, "not_ready"))["details"]["checks"]["reranker:llm"] in (
+            "not loaded", "loading"):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert "no API key" in err["details"]["checks"]["reranker:llm"]
 
 
 def test_ready_is_503_while_the_index_cannot_be_opened(own_client):
