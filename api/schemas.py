@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from evidentia.config import STAGES
 from evidentia.indexer.ocr import SOURCES
 from evidentia.reranker.registry import reranker_names
+from evidentia.store import DOCUMENT_ID_RE
 
 Status = Literal["queued", "indexing", "ready", "failed"]
 Stage = Literal[STAGES]  # the same tuple the engine checks; a Literal so OpenAPI lists the values
@@ -89,6 +90,13 @@ class PageOut(BaseModel):
 
 
 # -- validation ---------------------------------------------------------------
+# Ids are checked before they are looked up: one of a megabyte came back twice in its 404
+DOCUMENT_ID_PATTERN = DOCUMENT_ID_RE.pattern.replace("\\Z", "$")  # pydantic's regex: "$" ends the text
+DocumentIdField = Annotated[str, Field(pattern=DOCUMENT_ID_PATTERN, description="A document id: 1-128 ASCII "
+                                       "letters, digits, '.', '_' or '-', starting with a letter or digit.")]
+VALIDATION_ID_PATTERN = r"^val_[0-9a-f]{32}$"
+
+
 class ValidateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -97,7 +105,7 @@ class ValidateRequest(BaseModel):
                           examples=["What were the company's Scope 1 and 2 greenhouse gas emissions in 2023?"])
     answer: str = Field("", description="The supplier's answer (EVIDENTIA_MAX_ANSWER_CHARS, default 5000 "
                         "characters at most).", examples=["12450 tCO2e, down 12.5% on 2022."])
-    document_ids: list[str] = Field(..., min_length=1, description="Documents to search (yours, status `ready`; "
+    document_ids: list[DocumentIdField] = Field(..., min_length=1, description="Documents to search (yours, status `ready`; "
                                     "EVIDENTIA_MAX_DOCUMENTS_PER_VALIDATION, default 20 at most).",
                                     examples=[["acme-2023"]])
     top_k: int | None = Field(None, ge=1, description="Candidate pool handed to the reranker, and the number of "
@@ -105,7 +113,7 @@ class ValidateRequest(BaseModel):
                               "default 100 at most).")
     reranker: str | None = Field(None, description=f"One of {', '.join(reranker_names())} "
                                  "(default EVIDENTIA_DEFAULT_RERANKER).", examples=["none"])
-    threshold: float | None = Field(None, ge=0.0, le=1.0, description="Rerankers with probabilities (classifier): "
+    threshold: float | None = Field(None, ge=0.0, le=1.0, allow_inf_nan=False, description="Rerankers with probabilities (classifier): "
                                     "drop pages below this probability (default EVIDENTIA_CLASSIFIER_THRESHOLD).")
     stage: Stage | None = Field(None, description="First stage that builds the candidate pool: `bm25` (keywords), "
                                 "`dense` (embedding similarity of the question + answer to the pages) or `hybrid` "
@@ -145,8 +153,8 @@ class ValidateResponse(BaseModel):
 class FeedbackRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    validation_id: str
-    document_id: str
+    validation_id: str = Field(..., pattern=VALIDATION_ID_PATTERN)
+    document_id: DocumentIdField
     page: int = Field(..., ge=1)
     relevant: bool = Field(..., description="Does this page support the answer?")
     analyst: str | None = Field(None, max_length=200, description="Who judged (free text, e.g. an e-mail).")

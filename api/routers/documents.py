@@ -10,7 +10,7 @@ import time
 import uuid
 from pathlib import Path
 
-from fastapi import APIRouter, Depends, File, Form, Path as PathParam, Query, Response, UploadFile
+from fastapi import APIRouter, Depends, File, Form, Path as PathParam, Query, Request, Response, UploadFile
 from fastapi.concurrency import run_in_threadpool
 
 from evidentia.api.deps import Caller, get_services, require_backend, require_tenant, run_blocking
@@ -18,7 +18,9 @@ from evidentia.api.errors import ApiError, errors, file_too_large, without_serve
 from evidentia.api.highlight import MAX_HIGHLIGHT_CHARS, MAX_TERMS, highlight_terms
 from evidentia.api.rendering import PageRenderer, RenderRefused
 from evidentia.tenants import internal_id
-from evidentia.api.schemas import DocumentAccepted, DocumentList, DocumentOut, IndexingProgress, PageOut
+from evidentia.api.schemas import (
+    DOCUMENT_ID_PATTERN, DocumentAccepted, DocumentList, DocumentOut, IndexingProgress, PageOut,
+)
 from evidentia.api.services import Services
 from evidentia.store import DOCUMENT_ID_RE, DocumentRow, document_id_for
 from evidentia.retriever.base import BackendError
@@ -31,7 +33,7 @@ CHUNK = 1 << 20
 RENDER_SLOT_WAIT_S = 5.0  # a page image over the render caps waits this long for a slot, then 429/503
 PNG_MIN_WIDTH, PNG_MAX_WIDTH = 50, 2000
 
-DocumentId = PathParam(..., description="Your document id.", examples=["acme-2023"])
+DocumentId = PathParam(..., description="Your document id.", examples=["acme-2023"], pattern=DOCUMENT_ID_PATTERN)
 
 
 def to_out(row: DocumentRow, services: Services | None = None) -> DocumentOut:
@@ -181,12 +183,16 @@ def _accept_upload(services: Services, caller: Caller, upload: UploadFile, docum
     responses=errors(400, 401, 413, 415, 422, 429),
 )
 async def upload_document(
+    request: Request,
     response: Response,
     file: UploadFile = File(..., description="The PDF."),
     document_id: str | None = Form(None, description="Id for the document (default: the file name's stem)."),
     caller: Caller = Depends(require_tenant),
     services: Services = Depends(get_services),
 ) -> DocumentAccepted:
+    if len((await request.form()).getlist("file")) > 1:  # parsed already: the form is cached
+        raise ApiError(422, "validation_error", "one file per upload: send each PDF in a request of its own",
+                       [{"loc": ["body", "file"], "message": "more than one file", "type": "value_error"}])
     row = await services.upload_slots.run(caller.tenant, _accept_upload, services, caller, file, document_id)
     response.headers["Location"] = f"/v1/documents/{row.document_id}"
     return DocumentAccepted(document_id=row.document_id, status=row.status if row.next_generation else "queued",

@@ -264,7 +264,7 @@ def test_an_upload_gets_the_clis_id_and_an_id_with_a_newline_is_refused(client, 
     for bad in ("evil\n", "evil\r\n", "é"):
         error = assert_error(upload(client, h, sample_pdf, document_id=bad), 422, "validation_error")
         assert "ASCII letters" in error["message"]
-    assert client.get("/v1/documents/evil%0A", headers=h).status_code == 404
+    assert_error(client.get("/v1/documents/evil%0A", headers=h), 422, "validation_error")  # no id can be that
 
 
 def test_validate_while_indexing_is_409(client, sample_pdf):
@@ -379,6 +379,12 @@ def test_upload_errors_store_nothing(own_client, tmp_path, sample_pdf):
     big.write_bytes(big.read_bytes() + b"%" + b"0" * 25_000)
     err = assert_error(upload(c, h, big), 413, "file_too_large")
     assert err["details"] == {"max_bytes": 20_000}
+    # one file an upload; a file part without a file name (a browser's form with no file chosen)
+    two = c.post("/v1/documents", headers=h, files=[("file", ("one.pdf", b"%PDF-1", "application/pdf")),
+                                                    ("file", ("two.pdf", b"%PDF-1", "application/pdf"))])
+    assert "one file per upload" in assert_error(two, 422, "validation_error")["message"]
+    nameless = c.post("/v1/documents", headers=h, files={"file": ("", b"%PDF-1", "application/pdf")})
+    assert "no file" in assert_error(nameless, 422, "validation_error")["message"]
     err = assert_error(upload(c, h, sample_pdf), 413, "too_many_pages")  # 6 pages, limit 3
     assert err["details"] == {"pages": 6, "max_pages": 3}
     assert "6 pages" in err["message"]
@@ -421,6 +427,7 @@ def test_validate_errors(client, sample_pdf):
         ({"threshold": 0.5}, "threshold"),  # the none reranker has no probabilities
         ({"surprise": 1}, "surprise"),
         ({"top_k": "5"}, "top_k"),  # no guessing at types
+        ({"document_ids": ["x" * 200]}, "document_ids"),
         ({"document_ids": "acme-2023"}, "document_ids"),
     ]
     for extra, field in cases:
@@ -433,6 +440,10 @@ def test_validate_errors(client, sample_pdf):
     assert err["details"] == {"document_ids": ["ghost"]}
     assert_error(client.post("/v1/validate", headers={**h, "content-type": "application/json"}, content=b"{oops"),
                  400, "invalid_json")
+    nan = client.post("/v1/validate", headers={**h, "content-type": "application/json"},
+                      content=b'{"question": "q", "document_ids": ["acme-2023"], "reranker": "classifier", '
+                              b'"threshold": NaN}')
+    assert "finite number" in assert_error(nan, 422, "validation_error")["message"]
     # a JSON body over the limit is refused before it is read whole
     err = assert_error(client.post("/v1/validate", headers={**h, "content-type": "application/json"},
                                    content=b'{"question": "' + b"q" * (1 << 20) + b'"}'), 413, "too_large")
@@ -466,8 +477,13 @@ def test_feedback_errors(client, sample_pdf):
     returned = {p["page"] for p in body["pages"]}
     missing_page = next(p for p in range(1, 7) if p not in returned)
     fb = {"validation_id": vid, "document_id": "acme-2023", "relevant": True}
-    assert_error(client.post("/v1/feedback", headers=h, json={**fb, "validation_id": "val_nope", "page": 2}), 404,
-                 "validation_not_found")
+    assert_error(client.post("/v1/feedback", headers=h, json={**fb, "validation_id": "val_" + "0" * 32, "page": 2}),
+                 404, "validation_not_found")
+    # ids that cannot be are refused before a lookup: a megabyte's id came back twice in a 2 MB 404
+    for wrong in ({"validation_id": "val_" + "0" * 1_000_000}, {"document_id": "d" * 1_000_000}):
+        refused = client.post("/v1/feedback", headers=h, json={**fb, "page": 2, **wrong})
+        assert_error(refused, 422, "validation_error")
+        assert len(refused.content) < 2_000
     err = assert_error(client.post("/v1/feedback", headers=h, json={**fb, "page": missing_page}), 422,
                        "page_not_in_validation")
     assert {"document_id": "acme-2023", "page": 2} in err["details"]["returned"]
