@@ -308,7 +308,6 @@ function readForm() {
       : state.documents.length ? "Select at least one ready document." : "Upload a PDF first, then select it.");
   }
   if (!question) problems.push("Type the question.");
-  if (!answer) problems.push("Type the supplier's answer.");
   const thresholdRaw = $("threshold").value.trim();
   if (reranker === "classifier" && thresholdRaw !== "") {
     const t = Number(thresholdRaw);

@@ -273,6 +273,14 @@ def test_analyst_session_upload_validate_feedback(browser, server, tmp_path):
     assert {"question": SAMPLE_QUESTION, "answer": SAMPLE_ANSWER, "relevance": 1, "doc_id": "acme-2023",
             "page": 2, "source": "feedback"}.items() <= records[-1].items(), records
 
+    # a question asked without an answer is searched too (the API and the CLI take it)
+    fill(driver, "#answer", "")
+    by_css(driver, "#validate-button").click()
+    wait(driver, lambda d: d.execute_script(
+        "return document.querySelectorAll('#result-list li.result').length > 0 && "
+        "!document.querySelector('#result-list li.result .verdict-status').textContent"), "no question-only result")
+    assert not by_css(driver, "#banner").is_displayed()
+
     # the key survives a reload (same tab), and logging out forgets it
     driver.refresh()
     wait(driver, visible("#workspace"), "signed out by a reload")
