@@ -124,9 +124,9 @@ class SearchResult:
         """Why no page came back, and what to do about it (None when pages did)."""
         if self.pages:
             return None
-        if not self.query.keywords and self.config.stage == "bm25":
+        if not self.query.keywords:
             return ("no matching page: the question and answer hold no searchable word (only stop words or "
-                    "punctuation); add the words the evidence would use, or use the hybrid stage")
+                    "punctuation); add the words the evidence would use")
         if not self.candidates:
             return ("no matching page: no page of these documents contains any of the words "
                     f"{', '.join(self.query.keywords[:8])}; try other words, or the hybrid stage (finds pages "
@@ -343,7 +343,11 @@ class Engine:
         reranker = reranker if reranker is not None else self.reranker(config)
         t1 = time.perf_counter()
         without: tuple[str, ...] = ()
-        if config.bm25_fallback:
+        if not query.keywords:
+            # only stop words or punctuation ("???"): BM25 finds nothing, and the nearest
+            # pages to such a text's embedding mean nothing either
+            candidates = []
+        elif config.bm25_fallback:
             candidates, without = self.retrieve_or_bm25(query, doc_ids, config.stage, config.pool_size, timings)
         else:
             candidates = self.retrieve(query, doc_ids, config.stage, config.pool_size, timings)

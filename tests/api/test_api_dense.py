@@ -96,6 +96,15 @@ def test_upload_gets_vectors_and_hybrid_finds_the_paraphrased_page(dense):
     assert default.json()["stage_note"] is None
 
 
+def test_a_question_of_no_searchable_word_gets_the_note_on_every_stage(dense):
+    """The pages nearest the embedding of "???" mean nothing: no stage returns them."""
+    client, headers = dense
+    for stage in ("bm25", "dense", "hybrid"):
+        body = validate(client, headers, ["report"], stage=stage, question="???", answer="").json()
+        assert body["pages"] == [] and body["candidates"] == 0, (stage, body)
+        assert "no searchable word" in body["note"] and "hybrid stage" not in body["note"]
+
+
 def test_dense_on_a_document_uploaded_while_dense_was_off_is_409(dense):
     client, headers = dense
     for stage in ("dense", "hybrid"):
