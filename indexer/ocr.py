@@ -384,7 +384,10 @@ def render(page: pymupdf.Page, dpi: int) -> bytes:
     rect = page.rect
     pixels = (rect.width * dpi / 72) * (rect.height * dpi / 72)
     if pixels > MAX_PIXELS:
-        dpi = max(72, int(dpi * (MAX_PIXELS / pixels) ** 0.5))
+        # no floor: a page of PDF's largest size (200 inches a side) is 207 megapixels even
+        # at 72 dpi, past the extraction's memory limit, and failed its whole document;
+        # text printed that large still reads at the 31 dpi that fit
+        dpi = max(1, int(dpi * (MAX_PIXELS / pixels) ** 0.5))
     pix = page.get_pixmap(dpi=dpi, colorspace=pymupdf.csGRAY, alpha=False)
     pix.set_dpi(dpi, dpi)
     return pix.tobytes("png")

@@ -273,6 +273,15 @@ def test_a_page_of_too_many_paths_is_left_unread_not_rendered(tmp_path):
     assert document.unread_pages == 1 and "paths" in document.ocr_problem
 
 
+def test_a_page_of_the_largest_size_is_rendered_within_the_pixel_cap():
+    """A scan on a 200-inch page (PDF's largest) was 207 megapixels at the old 72 dpi
+    floor: past the extraction's memory limit, its whole document failed."""
+    page = pymupdf.open().new_page(width=14400, height=14400)
+    image = pymupdf.Pixmap(ocr_mod.render(page, 300))
+    width, height = image.width, image.height
+    assert width * height <= ocr_mod.MAX_PIXELS and width >= 5000
+
+
 @needs_tesseract
 def test_a_page_sent_to_ocr_has_its_drawing_log_read_once(tmp_path, monkeypatch):
     """The log of a page of many strokes takes seconds to read: the decision to OCR it and
