@@ -137,6 +137,29 @@ def test_long_pages_are_covered_by_overlapping_windows(embedder):
     assert mean[0] == pytest.approx(float(pooled @ q / np.linalg.norm(pooled)), abs=1e-5)
 
 
+def test_a_huge_page_is_tokenized_only_as_far_as_its_windows_reach(embedder, monkeypatch):
+    """95,000 characters a page, tokenized whole, held 1.3 GB for a 200-page upload: only
+    the head its windows take is tokenized now, and the windows are the same."""
+    text = " ".join(f"emissions{i} scope{i % 7} tonnes" for i in range(6000))  # about 150,000 characters
+    whole = embedder.with_windows(max_windows=3)
+    expected = [w.text for w in whole._cut(0, text, *whole._tokenize([text])[0])]  # the text tokenized whole
+    seen: list[int] = []
+    real = type(embedder)._tokenize
+
+    def spy(self, texts):
+        seen.extend(len(t) for t in texts)
+        return real(self, texts)
+
+    monkeypatch.setattr(type(embedder), "_tokenize", spy)
+    assert whole.windows(text) == expected and len(expected) == 3
+    assert max(seen) <= (whole._window_tokens() * 3 + 1) * 16 < len(text) // 4
+    vectors = whole.embed_pages((page("d", 1, text), page("d", 2, "Short page.")))
+    assert list(vectors.pages) == [1, 1, 1, 2] and max(seen) < len(text) // 4
+    # a text of very long tokens is read further until its windows are full
+    long_tokens = " ".join("x" * 90 for _ in range(4000))
+    assert len(whole.windows(long_tokens)) == 3
+
+
 def test_progress_reports_every_page_once(embedder):
     small = embedder.with_windows(batch_size=1, max_tokens=16, window_overlap=0)
     pages = (page("d", 1, " ".join(["alpha"] * 40)), empty("d", 2), page("d", 3, "beta gamma"),
