@@ -41,6 +41,26 @@ def parse_ks(spec: str) -> list[int]:
     return ks
 
 
+def fallback_warnings(config_runs) -> list[str]:
+    """One line per reranking pass whose reranker fell back to the first-stage order
+    on some queries: its column then scores that order, not the reranker's."""
+    from collections import Counter
+
+    from evidentia.reranker.llm_runtime import FALLBACK_SUFFIX
+
+    lines, seen = [], set()
+    for c in config_runs:
+        reasons = Counter(run.fallback_reason.removesuffix(FALLBACK_SUFFIX) for run in c.runs if run.fallback)
+        if not reasons or c.pass_key in seen:
+            continue
+        seen.add(c.pass_key)
+        reason, count = reasons.most_common(1)[0]
+        others = f" (and {len(reasons) - 1} other reason(s))" if len(reasons) > 1 else ""
+        lines.append(f"{c.label} fell back to the {c.config.stage} order on {sum(reasons.values())} of {len(c.runs)} "
+                     f"queries, which its column scores: {reason}{others}")
+    return lines
+
+
 def run_lines(config_runs) -> list[str]:
     """One JSON line per query and configuration: the ranking exactly as scored, best first."""
     lines = []
@@ -79,7 +99,8 @@ def eval_command(
     from evidentia.console import EXIT_BACKEND, EXIT_BAD_INPUT, Context, fail  # fail(): EXIT_USAGE
     from evidentia.config import ConfigError
     from evidentia.evaluation.queries import QueriesFileError, load_queries
-    from evidentia.evaluation.runner import UnknownDocumentsError, all_doc_ids, parse_compare, run_configs, summarize
+    from evidentia.evaluation.runner import (UnknownDocumentsError, all_doc_ids, pages_beyond_documents, parse_compare,
+                                            run_configs, summarize)
     from evidentia.retriever.base import BackendError, UnknownDocumentError
 
     try:
@@ -110,6 +131,9 @@ def eval_command(
     try:
         ctx.require_documents(all_doc_ids(items), [pdf_dir] if pdf_dir else [],
                               lambda missing: str(UnknownDocumentsError(missing, pdf_dir)))
+        beyond = pages_beyond_documents(items, ctx.engine)
+        if beyond:
+            raise fail(f"{queries}: {beyond}", EXIT_BAD_INPUT)
         config_runs = run_configs(items, configs, ctx.engine, pool_size=pool)
     except ConfigError as exc:
         raise fail(str(exc))
@@ -118,6 +142,8 @@ def eval_command(
     except BackendError as exc:
         raise fail(str(exc), EXIT_BACKEND)
 
+    for warning in fallback_warnings(config_runs):
+        typer.echo(f"warning: {warning}", err=True)
     result = summarize(config_runs, items, ks, pool)
 
     if run_out is not None:

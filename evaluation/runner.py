@@ -73,6 +73,28 @@ def all_doc_ids(queries: Sequence[EvalQuery]) -> list[str]:
     return list(dict.fromkeys(d for q in queries for d in q.doc_ids))
 
 
+def pages_beyond_documents(queries: Sequence[EvalQuery], engine: Engine) -> Optional[str]:
+    """One line on the labelled pages past the end of their document (None when there
+    are none): such a page can never be found, so every metric of its query would read
+    0 with nothing said. Page 0 is refused when the file is read (queries.py)."""
+    counts: dict[str, Optional[int]] = {}
+    problems = []
+    for q in queries:
+        for name, pages in (("relevant", q.relevant), ("partly relevant", q.partly_relevant)):
+            for doc_id, page in sorted(pages):
+                if doc_id not in counts:
+                    info = engine.backend.get_document(doc_id)
+                    counts[doc_id] = info.pages if info is not None else None
+                if counts[doc_id] is not None and page > counts[doc_id]:
+                    problems.append(f"query {q.id}: {name} page {page} of {doc_id}, which has "
+                                    f"{counts[doc_id]} page(s)")
+    if not problems:
+        return None
+    shown = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
+    return (f"{shown}: pages are 1-based, as a PDF viewer numbers them; correct the page numbers, or the doc_id "
+            "if the query names the wrong document")
+
+
 # --------------------------------------------------------------------------- runs
 
 

@@ -52,7 +52,8 @@ def _index(ctx: Context, paths: list[Path], tenant: Optional[str] = None, kept: 
     library = _library(ctx)
     tenant = _tenant(library, tenant)
     files, _ = find_pdfs(paths)
-    before = {d.document_id for d in library.documents(tenant)} if files else set()
+    # an upload that failed or is still queued was not indexed: indexing it replaces nothing
+    before = {d.document_id for d in library.documents(tenant) if d.status == "ready"} if files else set()
     if ctx.engine.indexing_embedder is not None and files:
         typer.echo(f"loading the embedding model ({ctx.settings.dense_model})…", err=True)
         try:
@@ -123,6 +124,7 @@ def search(
     if not question.strip():
         raise fail("--question is empty")
     ctx.check_text(question, answer)
+    _check_threshold_has_a_reranker(ctx, reranker, threshold)
     config = ctx.config(stage=stage, reranker=reranker, threshold=threshold, pool_size=top_k)
     library = _library(ctx)
     tenant = _tenant(library, tenant)
@@ -131,12 +133,7 @@ def search(
     except (ConfigError, EmbeddingError) as exc:
         raise fail(str(exc))
     except UnknownDocumentError as exc:
-        unknown = _external(exc.doc_ids)
-        # an upload the API is still indexing, or one that failed, is not unknown
-        known = [why for why in (library.why_unsearchable(tenant, d) for d in unknown) if why]
-        if known:
-            raise fail("; ".join(known), EXIT_BAD_INPUT)
-        raise fail(f"{UnknownDocumentError(unknown)}; `evidentia docs` lists the indexed ones", EXIT_BAD_INPUT)
+        raise fail(_unknown_documents_message(library, tenant, _external(exc.doc_ids)), EXIT_BAD_INPUT)
     except MissingVectorsError as exc:  # a stage asked for; the default one falls back to bm25
         raise fail(str(MissingVectorsError(_external(exc.doc_ids), tenant)), EXIT_BACKEND)
     except BackendError as exc:
@@ -146,8 +143,11 @@ def search(
         typer.echo(f"warning: {stage_note}", err=True)
     note = result.note
     if result.fallback_reason:
+        from evidentia.reranker.llm_runtime import FALLBACK_SUFFIX
+
+        # the reason ends by saying the first-stage order was returned, which this line says already
         typer.echo(f"warning: the {result.reranker} reranker could not rank, so the {config.stage} order is "
-                   f"shown: {result.fallback_reason}", err=True)
+                   f"shown: {result.fallback_reason.removesuffix(FALLBACK_SUFFIX)}", err=True)
     if as_json:
         typer.echo(json.dumps({"pages": [
             {"doc_id": _external([p.doc_id])[0], "page": p.page, "score": round(p.score, 6),
@@ -168,6 +168,33 @@ def search(
         raise typer.Exit(EXIT_FALLBACK)
 
 
+def _check_threshold_has_a_reranker(ctx: Context, reranker: Optional[str], threshold: Optional[float]) -> None:
+    """Engine.config refuses this too, but its message, prefixed with the flag, read
+    "--threshold a threshold needs ..." (evidentia/engine.py, Engine.config)."""
+    from evidentia.reranker.registry import reranker_class, reranker_names
+
+    name = (reranker or ctx.settings.default_reranker).strip().lower()
+    if threshold is not None and name in reranker_names() and not reranker_class(name).outputs_probabilities:
+        raise fail(f"--threshold needs a reranker that outputs probabilities (e.g. --reranker classifier); "
+                   f"the reranker here is {name}")
+
+
+def _unknown_documents_message(library, tenant: str, unknown: list[str]) -> str:
+    """Why documents of ``tenant`` cannot be searched: an upload the API is still
+    indexing, or one that failed, is not unknown, and nor is one of another tenant."""
+    from evidentia.retriever.base import UnknownDocumentError
+
+    why = {d: library.why_unsearchable(tenant, d) for d in unknown}
+    parts = [w for w in why.values() if w]
+    elsewhere, covered = library.elsewhere(tenant, [d for d in unknown if not why[d]])
+    if elsewhere:
+        parts.append(elsewhere)
+    rest = [d for d in unknown if not why[d] and d not in covered]
+    if rest:
+        parts.append(f"{UnknownDocumentError(rest)}; `evidentia docs` lists the indexed ones")
+    return "; ".join(parts)
+
+
 def _external(doc_ids) -> list[str]:
     from evidentia.tenants import split_internal_id
 
@@ -178,7 +205,7 @@ def _external(doc_ids) -> list[str]:
 def docs(tenant: Optional[str] = typer.Option(None, "--tenant", help="Only this tenant's documents "
                                               "(default: every tenant's)."),
          as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")):
-    """List indexed documents with their tenant and page counts."""
+    """List documents with their tenant and page counts, and the status of uploads not searchable yet."""
     ctx = Context()
     library = _library(ctx)
     if tenant is not None:
@@ -186,9 +213,9 @@ def docs(tenant: Optional[str] = typer.Option(None, "--tenant", help="Only this 
     found = library.documents(tenant)
     if as_json:
         typer.echo(json.dumps({"documents": [
-            {"tenant": d.tenant, "doc_id": d.document_id, "pages": d.pages, "empty_pages": d.empty_pages,
-             "languages": d.languages, "ocr_pages": d.ocr_pages, "unread_pages": d.unread_pages,
-             "ocr_confidence": d.ocr_confidence}
+            {"tenant": d.tenant, "doc_id": d.document_id, "status": d.status, "reason": d.reason, "pages": d.pages,
+             "empty_pages": d.empty_pages, "languages": d.languages, "ocr_pages": d.ocr_pages,
+             "unread_pages": d.unread_pages, "ocr_confidence": d.ocr_confidence}
             for d in found
         ]}))
         return
@@ -196,15 +223,23 @@ def docs(tenant: Optional[str] = typer.Option(None, "--tenant", help="Only this 
         typer.echo("no document indexed" + (f" for tenant {tenant}" if tenant else ""))
         return
     scans = any(d.ocr_pages or d.unread_pages for d in found)  # OCR columns only where there are scans
+    # a status column only where an upload is not searchable (queued, indexing, failed)
+    statuses = any(d.status != "ready" for d in found)
     typer.echo("tenant\tdocument\tpages\tempty\tlanguages (pages with text)"
-               + ("\tOCR pages (confidence)\tunread scans" if scans else ""))
+               + ("\tOCR pages (confidence)\tunread scans" if scans else "") + ("\tstatus" if statuses else ""))
     for d in found:
         langs = ", ".join(f"{k}:{v}" for k, v in d.languages.items()) or "-"
         line = f"{d.tenant}\t{d.document_id}\t{d.pages}\t{d.empty_pages}\t{langs}"
         if scans:
             conf = f" ({d.ocr_confidence:.0f})" if d.ocr_confidence is not None else ""
             line += f"\t{d.ocr_pages}{conf}\t{d.unread_pages}"
+        if statuses:
+            line += f"\t{d.status}" + (f": {d.reason or 'no reason recorded'}" if d.status == "failed" else "")
         typer.echo(line)
+    if statuses:
+        typer.echo("documents not ready cannot be searched: the API is still indexing the queued and indexing "
+                   "ones; index a failed one again (an upload, or `evidentia index --tenant TENANT FILE`) once its "
+                   "problem is fixed", err=True)
     if any(d.empty_pages for d in found):
         typer.echo("empty pages have no extractable text (blank pages, and scans not read): they have no "
                    "language and are not searched", err=True)
@@ -219,8 +254,11 @@ def delete(doc_id: str = typer.Argument(..., help="Document id (as `evidentia do
     """Remove a document, its pages, its file and the feedback on it."""
     ctx = Context()
     library = _library(ctx)
-    if not library.delete(_tenant(library, tenant), doc_id):
-        raise fail(f"unknown document id: {doc_id}", EXIT_BAD_INPUT)
+    tenant = _tenant(library, tenant)
+    if not library.delete(tenant, doc_id):
+        elsewhere, _ = library.elsewhere(tenant, [doc_id])
+        raise fail(elsewhere or f"unknown document id: {doc_id} (tenant {tenant}); `evidentia docs` lists every "
+                   "tenant's documents", EXIT_BAD_INPUT)
     typer.echo(f"deleted {doc_id}")
 
 

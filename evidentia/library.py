@@ -37,7 +37,8 @@ class LibraryDocument:
     pages: int
     empty_pages: int
     languages: dict[str, int] = field(default_factory=dict)
-    status: str = "ready"
+    status: str = "ready"  # the store's: ready, or (an API upload) queued, indexing, failed
+    reason: str | None = None  # why it failed (status failed)
     ocr_pages: int = 0  # pages read by OCR
     unread_pages: int = 0  # scans that were not read (OCR off, no Tesseract, OCR failed)
     ocr_confidence: float | None = None  # mean over the OCR'd pages, 0-100
@@ -59,7 +60,8 @@ class Library:
         if self._store is not None:
             self._store.close()
 
-    def tenant(self, tenant: str | None) -> str:
+    @staticmethod
+    def tenant(tenant: str | None) -> str:
         """The tenant named (None: the default one); an empty name is an error, not the
         default tenant (nor, for `docs`, every tenant)."""
         if tenant == "":
@@ -113,7 +115,37 @@ class Library:
             out.append(LibraryDocument(owner, document_id, info.pages, info.empty_pages, dict(info.languages),
                                        ocr_pages=info.ocr_pages, unread_pages=info.unread_pages,
                                        ocr_confidence=info.ocr_confidence))
+        # uploads the index does not hold (yet): queued, indexing, or failed; listed so
+        # that `docs` shows every document a tenant has, and why one cannot be searched
+        indexed = {(d.tenant, d.document_id) for d in out}
+        for row in self._store_documents(wanted):
+            if row.status != "ready" and (row.tenant, row.document_id) not in indexed:
+                out.append(LibraryDocument(row.tenant, row.document_id, row.pages or 0, row.empty_pages or 0,
+                                           dict(row.languages or {}), status=row.status, reason=row.reason))
         return sorted(out, key=lambda d: (d.tenant, d.document_id))
+
+    def _store_documents(self, tenant: str | None):
+        # reading must not create the store (and the data directory) where there is none
+        if self._store is None and not store_path(self.settings.data_dir).exists():
+            return []
+        return self.store.list_documents(tenant) if tenant is not None else self.store.all_documents()
+
+    def elsewhere(self, tenant: str | None, document_ids: Sequence[str]) -> tuple[str | None, list[str]]:
+        """Of ``document_ids``, which ``tenant`` lacks, those another tenant has: a
+        message naming the --tenant to give (None when no other tenant has any), and
+        the ids it covers."""
+        tenant = self.tenant(tenant)
+        wanted = set(document_ids)
+        owners: dict[str, list[str]] = {}
+        for d in self.documents():
+            if d.tenant != tenant and d.document_id in wanted:
+                owners.setdefault(d.document_id, []).append(d.tenant)
+        parts = []
+        for document_id in (d for d in dict.fromkeys(document_ids) if d in owners):
+            found = owners[document_id]
+            parts.append(f"{document_id} is in tenant {found[0]}: add --tenant {found[0]}" if len(found) == 1 else
+                         f"{document_id} is in tenants {', '.join(found)}: add --tenant with one of them")
+        return ("; ".join(parts) or None), [d for d in document_ids if d in owners]
 
     def why_unsearchable(self, tenant: str | None, document_id: str) -> str | None:
         """Why a document the index does not hold cannot be searched yet, from the store

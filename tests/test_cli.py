@@ -207,7 +207,8 @@ def test_delete(cli, indexed):
 
     again = cli("delete", indexed)
     assert again.exit_code != 0
-    assert again.stderr.strip() == f"error: unknown document id: {indexed}"
+    assert again.stderr.strip() == (f"error: unknown document id: {indexed} (tenant default); `evidentia docs` "
+                                    "lists every tenant's documents")
     assert again.stdout == ""
 
 
@@ -390,3 +391,67 @@ def test_search_help_shows_the_declared_defaults():
     assert f"EVIDENTIA_CLASSIFIER_THRESHOLD, {defaults.classifier_threshold})" in out
     assert f"EVIDENTIA_POOL_SIZE, {defaults.pool_size})" in out
     assert f"EVIDENTIA_DEFAULT_RERANKER, {defaults.default_reranker})" in out
+
+
+# --- documents of another tenant, uploads not searchable, messages ------------------
+
+
+def _store_uploads(cli_env):
+    """An upload of tenant acme still queued and one that failed, as the API's worker leaves them."""
+    from evidentia.store import Store, store_path
+
+    store = Store(store_path(cli_env))
+    store.add_tenant("acme")
+    store.put_document("acme", "queued-report", "queued-report.pdf", 10, "/nowhere/a.pdf", "g1")
+    store.put_document("acme", "broken", "broken.pdf", 10, "/nowhere/b.pdf", "g2")
+    store.set_status("acme", "broken", "g2", "failed", reason="encrypted PDF (password required)")
+    store.close()
+
+
+def test_docs_lists_uploads_that_are_queued_or_failed_with_their_status(cli, cli_env, indexed):
+    _store_uploads(cli_env)
+    table = cli("docs")
+    assert table.exit_code == 0
+    lines = table.stdout.splitlines()
+    assert lines[0].endswith("\tstatus")
+    assert "acme\tbroken\t0\t0\t-\t0\t0\tfailed: encrypted PDF (password required)" in lines
+    assert "acme\tqueued-report\t0\t0\t-\t0\t0\tqueued" in lines
+    assert any(line.startswith(f"default\t{indexed}\t9\t") and line.endswith("\tready") for line in lines)
+    listed = json.loads(cli("docs", "--json", "--tenant", "acme").stdout)["documents"]
+    assert [(d["doc_id"], d["status"], d["reason"]) for d in listed] == [
+        ("broken", "failed", "encrypted PDF (password required)"), ("queued-report", "queued", None)]
+
+
+def test_a_document_of_another_tenant_is_named_with_the_tenant_to_give(cli, cli_env, indexed, tmp_path):
+    pdf = write_sample_report(tmp_path / "amcor-q4.pdf")
+    assert cli("index", "--tenant", "acme", pdf).exit_code == 0
+    _store_uploads(cli_env)
+    search = cli("search", "--doc", "amcor-q4", "-q", "net sales")
+    assert search.exit_code == 1
+    assert error_lines(search.stderr) == ["error: amcor-q4 is in tenant acme: add --tenant acme"]
+    both = cli("search", "--doc", "amcor-q4", "--doc", "nope", "-q", "net sales")
+    assert error_lines(both.stderr) == ["error: amcor-q4 is in tenant acme: add --tenant acme; unknown document "
+                                        "id(s): nope; `evidentia docs` lists the indexed ones"]
+    failed_elsewhere = cli("search", "--doc", "broken", "-q", "net sales")
+    assert error_lines(failed_elsewhere.stderr) == ["error: broken is in tenant acme: add --tenant acme"]
+    delete = cli("delete", "amcor-q4")
+    assert delete.exit_code == 1
+    assert error_lines(delete.stderr) == ["error: amcor-q4 is in tenant acme: add --tenant acme"]
+    assert cli("delete", "--tenant", "acme", "amcor-q4").exit_code == 0
+
+
+def test_threshold_without_a_probability_reranker_says_so_plainly(cli, indexed):
+    result = cli("search", "--doc", indexed, "-q", "emissions", "--threshold", "0.5", "--reranker", "none")
+    assert result.exit_code == 2
+    assert result.stderr.strip() == ("error: --threshold needs a reranker that outputs probabilities "
+                                     "(e.g. --reranker classifier); the reranker here is none")
+
+
+def test_a_fallback_warning_says_the_first_stage_order_once(cli, indexed, monkeypatch):
+    monkeypatch.setenv("EVIDENTIA_LLM_API_KEY", "")
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    result = cli("search", "--doc", indexed, "-q", "emissions", "--reranker", "llm")
+    assert result.exit_code == 0
+    warning = [line for line in result.stderr.splitlines() if line.startswith("warning: the llm reranker")]
+    assert len(warning) == 1 and "order is shown" in warning[0]
+    assert "first-stage order returned" not in warning[0]

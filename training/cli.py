@@ -10,7 +10,23 @@ from typing import List, Optional
 
 import typer
 
+from evidentia.config import Settings
 from evidentia.training.dataset import DEFAULT_DOCUMENT_NEGATIVES, DEFAULT_FOREIGN_NEGATIVES
+
+
+def _shown_default(name: str) -> str:
+    """How a setting's default is described where it is declared (evidentia/config.py)."""
+    return next(f.metadata["shown"] for f in dataclasses.fields(Settings) if f.name == name)
+
+
+def _refuse_pages_beyond_documents(qs, ctx, queries: Path) -> None:
+    """Labelled pages past the end of their document: an error, as in `evidentia eval`."""
+    from evidentia.console import EXIT_BAD_INPUT, fail
+    from evidentia.evaluation.runner import pages_beyond_documents
+
+    beyond = pages_beyond_documents(qs, ctx.engine)
+    if beyond:
+        raise fail(f"{queries}: {beyond}", EXIT_BAD_INPUT)
 
 
 def _missing_message(flag: str):
@@ -87,6 +103,7 @@ def dataset_command(
                        err=True)
             qs = train_qs
         ctx.require_documents(all_doc_ids(qs), [pdf_dir] if pdf_dir else [], _missing_message("--pdf-dir"))
+        _refuse_pages_beyond_documents(qs, ctx, queries)
         stage = ctx.config(stage=stage, reranker="none", flags={"stage": "--stage"}).stage  # checks it too
         if document_negatives < 0:
             raise fail("--document-negatives must be 0 or more")
@@ -134,8 +151,11 @@ def train_command(
     seed: int = typer.Option(0, "--seed"),
     negative_windows: int = typer.Option(1, "--negative-windows", help="Windows of each non-relevant page "
                                          "trained as negatives (the best-matching one plus random others)."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="torch threads (default EVIDENTIA_TORCH_THREADS, "
-                                          "else torch's choice)."),
+    tenant: Optional[str] = typer.Option(None, "--tenant", help="The tenant whose documents the records name "
+                                         "(records exported by GET /v1/feedback/export: the tenant of the key that "
+                                         "exported them; default: 'default')."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="torch threads (default EVIDENTIA_THREADS, "
+                                          f"{_shown_default('threads')})."),
     kind: str = typer.Option("lora", "--kind", help="lora: fine-tune --base-model (QLoRA on a GPU); features: the "
                              "CPU default, a calibrated logistic model over pool-independent features "
                              "(--base-model is then the bi-encoder, default all-MiniLM-L6-v2)."),
@@ -167,7 +187,9 @@ def train_command(
     or (--kind features) the feature-based relevance model."""
     from evidentia.console import EXIT_BAD_INPUT, fail
     from evidentia.config import Settings
+    from evidentia.library import Library, LibraryError
     from evidentia.reranker.classifier_model import ModelLoadError
+    from evidentia.tenants import internal_id, split_internal_id
     from evidentia.training.dataset import DatasetError, file_sha256, read_records
     from evidentia.training.train import TrainingError, TrainParams, train
 
@@ -183,6 +205,12 @@ def train_command(
         raise fail(str(exc), EXIT_BAD_INPUT)
     if kind not in ("lora", "features"):
         raise fail("--kind must be lora or features")
+    try:
+        tenant = Library.tenant(tenant)
+    except LibraryError as exc:
+        raise fail(f"--tenant: {exc}")
+    # the index names a tenant's documents "tenant:id" (evidentia/tenants.py); records name them by id
+    records = [dataclasses.replace(r, doc_id=internal_id(tenant, r.doc_id)) if r.doc_id else r for r in records]
     if threshold is not None and (kind != "features" or not 0.0 < threshold < 1.0):
         raise fail("--threshold is for --kind features, between 0 and 1")
     if kind == "features":
@@ -191,11 +219,20 @@ def train_command(
         from evidentia.training.train_features import TrainingRecipe, train_features
 
         from evidentia.console import Context
+        from evidentia.training.lifecycle import missing_documents_message
 
+        ctx = Context()
+        backend = ctx.backend
+        missing = ctx.engine.missing_documents(sorted({r.doc_id for r in records if r.doc_id}))
+        library = Library(ctx.engine)
+        if missing and library.elsewhere(tenant, [split_internal_id(d)[1] for d in missing])[0]:
+            # the wrong tenant named (or none): the pages would stand alone without their documents
+            raise fail(missing_documents_message(library, tenant, [split_internal_id(d)[1] for d in missing],
+                                                 "--data"), EXIT_BAD_INPUT)
         try:
             # the index's stored page vectors are used for records of pages it holds (same numbers, faster)
             metadata = train_features(records, out, base_model=base_model, data_sha256=file_sha256(data), seed=seed,
-                                      log=lambda m: typer.echo(m, err=True), backend=Context().backend,
+                                      log=lambda m: typer.echo(m, err=True), backend=backend,
                                       recipe=TrainingRecipe(tuple(threshold_skip or ()), tuple(memory_family or ()),
                                                             tuple(memory_exclude or ()),
                                                             tuple(calibration_only or ()), threshold))
@@ -267,7 +304,9 @@ def distill_command(
     try:
         judge.check()
     except LLMFailure as exc:
-        raise fail(f"{exc.reason} (set EVIDENTIA_LLM_API_KEY and EVIDENTIA_LLM_BASE_URL)")
+        # the reason may name the setting to give already (no API key): said once
+        hint = "" if "EVIDENTIA_LLM_" in exc.reason else " (set EVIDENTIA_LLM_API_KEY and EVIDENTIA_LLM_BASE_URL)"
+        raise fail(f"{exc.reason}{hint}")
     bars: list = []  # the progress bar starts once the pool is known (after any indexing)
 
     def start(pages: int) -> None:
@@ -308,8 +347,9 @@ def calibrate_command(
     pdf_dir: Optional[Path] = typer.Option(None, "--pdf-dir", help="PDFs of the queries' documents, indexed if missing."),
     pool_size: Optional[int] = typer.Option(None, "--pool-size", help="Pages per pool (default EVIDENTIA_POOL_SIZE)."),
 ):
-    """Fit the classifier's calibration on labelled first-stage pools: its probability becomes
-    P(relevant | model margin, place in the pool), so it ranks, thresholds and is calibrated on what it reranks."""
+    """Fit the classifier's calibration on labelled first-stage pools, so that its probability ranks, thresholds
+    and is calibrated on what it reranks: a features model's becomes P(relevant | its logit), folded into its
+    weights (the place in the pool is never used); a LoRA model's P(relevant | model margin, place in the pool)."""
     from evidentia.progress import Progress
 
     from evidentia.config import STAGES, ConfigError
@@ -342,6 +382,7 @@ def calibrate_command(
         raise fail(str(exc), EXIT_BAD_INPUT)
     try:
         ctx.require_documents(all_doc_ids(qs), [pdf_dir] if pdf_dir else [], _missing_message("--pdf-dir"))
+        _refuse_pages_beyond_documents(qs, ctx, queries)
         reranker.attach_backend(ctx.engine.backend)  # a features model reads each page with its document
         pools, stage_names = [], []
         for name in stages:
@@ -362,8 +403,9 @@ def calibrate_command(
     except CalibrationError as exc:
         raise fail(str(exc), EXIT_BAD_INPUT)
     c = result.calibration
+    # a features model's fit never reads the rank (training/calibrate.py): no rank term to show
+    rank_term = "" if reranker.metadata.extra.get("kind") == "features" else f" {c.rank_weight:+.3f} * ln(rank)"
     typer.echo(f"calibrated on {result.queries} queries, {result.pages} pool pages ({result.relevant} relevant), "
-               f"stages {','.join(stage_names)}: p = sigmoid({c.a:.3f} * margin {c.rank_weight:+.3f} * ln(rank) "
-               f"{c.b:+.3f})")
+               f"stages {','.join(stage_names)}: p = sigmoid({c.a:.3f} * margin{rank_term} {c.b:+.3f})")
     typer.echo(f"on these pools: P@3 {result.previous.p_at_3:.3f} -> {result.fitted.p_at_3:.3f}, "
                f"ECE {result.previous.ece:.3f} -> {result.fitted.ece:.3f} (in-sample)")

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from evidentia.config import Settings
 from evidentia.reranker.model_registry import registry_for
 from evidentia.store import Store, store_path
-from evidentia.tenants import internal_id
+from evidentia.tenants import DEFAULT_TENANT, internal_id
 from evidentia.training.dataset import TrainingRecord, read_records
 from evidentia.training.retrain import RetrainResult, Verdict, retrain
 from evidentia.training.train import TrainParams
@@ -53,10 +53,25 @@ def verdicts_from_store(settings: Settings) -> list[Verdict]:
         store.close()
 
 
-def verdicts_from_records(records: Sequence[TrainingRecord]) -> list[Verdict]:
-    """Verdicts from an exported feedback file; line order stands in for time."""
-    return [Verdict(r.question, r.answer, r.doc_id, int(r.page), bool(r.relevance), f"{i:012d}")
+def verdicts_from_records(records: Sequence[TrainingRecord], tenant: str = DEFAULT_TENANT) -> list[Verdict]:
+    """Verdicts from an exported feedback file; line order stands in for time. The
+    export (GET /v1/feedback/export) names each document by its id within the
+    tenant that exported it, which the file does not say: ``tenant``."""
+    return [Verdict(r.question, r.answer, internal_id(tenant, r.doc_id), int(r.page), bool(r.relevance),
+                    f"{i:012d}")
             for i, r in enumerate(records) if r.page is not None and r.doc_id]
+
+
+def missing_documents_message(library, tenant: str, missing: Sequence[str], source: str) -> str:
+    """One line on documents of ``source`` (a flag) that ``tenant`` does not hold: the
+    tenant searched, another that holds them, and how to name it."""
+    shown = ", ".join(missing[:10]) + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
+    elsewhere, _ = library.elsewhere(tenant, list(missing))
+    head = f"{len(missing)} document(s) named in {source} are not in tenant {tenant}: {shown}"
+    if elsewhere:
+        return f"{head}; {elsewhere}"
+    return (f"{head}; name the tenant they were exported from with --tenant (`evidentia docs` lists every "
+            "tenant's documents), or index them there first")
 
 
 def run_retrain(engine: "Engine", verdicts: Sequence[Verdict], base_data: Path | None,

@@ -16,6 +16,10 @@ models_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="The 
 def retrain_command(
     feedback: Optional[Path] = typer.Option(None, "--feedback", help="Exported feedback JSONL "
                                             "(default: the API's feedback store in EVIDENTIA_DATA_DIR)."),
+    tenant: Optional[str] = typer.Option(None, "--tenant", help="With --feedback: the tenant whose documents its "
+                                         "records name (GET /v1/feedback/export writes no tenant: the one of the "
+                                         "key that exported it; default: 'default'). The store's feedback knows "
+                                         "its tenants."),
     base_data: Optional[Path] = typer.Option(None, "--base-data", help="Base training records merged with the "
                                              "feedback (default EVIDENTIA_RETRAIN_BASE_DATA)."),
     base_model: str = typer.Option(RetrainOptions.base_model, "--base-model"),
@@ -34,29 +38,50 @@ def retrain_command(
     """Train a candidate from feedback + base data, evaluate it against production on held-out
     documents, and promote it only if P@3 does not drop and ECE does not worsen beyond the margin."""
     from evidentia.console import EXIT_BAD_INPUT, Context, fail
+    from evidentia.library import Library, LibraryError
     from evidentia.reranker.classifier_model import ModelLoadError
-    from evidentia.training.dataset import DatasetError, read_records
     from evidentia.reranker.model_registry import RegistryError
-    from evidentia.training.lifecycle import run_retrain, verdicts_from_records, verdicts_from_store
+    from evidentia.reranker.relevance_model import FeatureModelError
+    from evidentia.retriever.base import UnknownDocumentError
+    from evidentia.tenants import split_internal_id
+    from evidentia.training.dataset import DatasetError, read_records
+    from evidentia.training.lifecycle import (missing_documents_message, run_retrain, verdicts_from_records,
+                                              verdicts_from_store)
     from evidentia.training.train import TrainingError
 
+    if tenant is not None and feedback is None:
+        raise fail("--tenant goes with --feedback (the store's feedback knows its tenants)")
+    if kind is not None and kind not in ("lora", "features"):
+        raise fail("--kind must be lora or features")
     ctx = Context()
+    library = Library(ctx.engine)
     try:
-        verdicts = verdicts_from_records(read_records(feedback)) if feedback else verdicts_from_store(ctx.settings)
+        tenant = library.tenant(tenant)
+    except LibraryError as exc:
+        raise fail(f"--tenant: {exc}")
+    try:
+        verdicts = (verdicts_from_records(read_records(feedback), tenant) if feedback else
+                    verdicts_from_store(ctx.settings))
     except (DatasetError, OSError) as exc:
         raise fail(str(exc), EXIT_BAD_INPUT)
     if not verdicts:
         raise fail("no feedback to learn from (the store is empty; give --feedback FILE)", EXIT_BAD_INPUT)
-    if kind is not None and kind not in ("lora", "features"):
-        raise fail("--kind must be lora or features")
+    ctx.backend  # noqa: B018 (opens it, or fails with the right exit code)
+    if feedback is not None:
+        # checked before the round (which met them half a minute in, with a traceback)
+        missing = ctx.engine.missing_documents(sorted({v.doc_id for v in verdicts}))
+        if missing:
+            raise fail(missing_documents_message(library, tenant, [split_internal_id(d)[1] for d in missing],
+                                                 "--feedback"), EXIT_BAD_INPUT)
     base = base_data or ctx.settings.retrain_base_data
     options = RetrainOptions(base_model=base_model, epochs=epochs, learning_rate=learning_rate, max_steps=max_steps,
                              held_out_fraction=held_out_fraction, ece_margin=ece_margin, kind=kind)
     try:
-        ctx.backend  # noqa: B018 (opens it, or fails with the right exit code)
         result = run_retrain(ctx.engine, verdicts, base, options, log=lambda m: typer.echo(m, err=True))
-    except (TrainingError, ModelLoadError, RegistryError, DatasetError) as exc:
+    except (TrainingError, ModelLoadError, RegistryError, DatasetError, FeatureModelError) as exc:
         raise fail(str(exc), EXIT_BAD_INPUT)
+    except UnknownDocumentError as exc:  # the store's feedback on a document deleted since
+        raise fail(f"{exc}; `evidentia docs` lists the indexed ones", EXIT_BAD_INPUT)
     summary = {"version": result.version, "promoted": result.decision.promote, "reason": result.decision.reason,
                "candidate": result.decision.candidate, "production": result.decision.production,
                "train_records": result.train_records, "held_out_queries": result.held_out_queries}

@@ -35,7 +35,7 @@ from evidentia.evaluation.queries import EvalQuery
 from evidentia.training.dataset import (TrainingRecord, dedupe, first_stage_pool, records_from_queries, stable_share,
                                         write_records)
 from evidentia.reranker.model_registry import ModelRegistry
-from evidentia.training.train import TrainParams, train
+from evidentia.training.train import TrainingError, TrainParams, train
 
 if TYPE_CHECKING:  # pragma: no cover
     from evidentia.engine import Engine
@@ -168,7 +168,8 @@ class ModelScore:
         """What t does to these queries, in words ('' without a threshold)."""
         if self.threshold is None or self.pool_share is None:
             return ""
-        kept = "no R@3 to keep" if self.recall_kept is None else f"keeps {self.recall_kept:.0%} of R@3"
+        kept = ("has no R@3 to keep (no relevant page in any top 3)" if self.recall_kept is None
+                else f"keeps {self.recall_kept:.0%} of R@3")
         return f"at t = {self.threshold:g} it {kept} and returns {self.pool_share:.0%} of the pool"
 
 
@@ -254,8 +255,11 @@ def gate(candidate: ModelScore, production: ModelScore, ece_margin: float = 0.02
         paired = len(candidate.per_query_p3) == len(production.per_query_p3) == candidate.queries
         documents = candidate.query_documents if candidate.query_documents == production.query_documents else ()
         sure = drop_confidence(candidate.per_query_p3, production.per_query_p3, documents) if paired else 1.0
+        # the resampled unit is a query's first document (ModelScore.query_documents): a
+        # query over several held-out documents is one unit, so this count can be lower
+        # than the held-out documents the round logs
         sample = (f"{candidate.queries} held-out queries" +
-                  (f" on {len(set(documents))} document(s)" if documents else ""))
+                  (f" in {len(set(documents))} group(s) by first document" if documents else ""))
         if sure >= drop_confidence_needed:
             return GateDecision(False, f"P@3 would drop from {pp:.3f} to {cp:.3f}" +
                                 (f" (lower in {sure:.0%} of resamples of the {sample})" if paired else "") +
@@ -320,7 +324,13 @@ def retrain(verdicts: Sequence[Verdict], base_records: Sequence[TrainingRecord],
     stage = str(engine.settings.stage)
     data = build_training_set(verdicts, base_records, engine, held_out_fraction, seed=seed, stage=stage)
     log(f"{len(data.train_records)} training records ({len(data.train_queries)} feedback queries); "
-        f"{len(data.held_out_queries)} held-out queries on {len(data.held_out_docs)} document(s)")
+        f"{len(data.held_out_queries)} held-out queries, touching {len(data.held_out_docs)} held-out document(s)")
+    if not data.train_records:
+        why = (f"every feedback query ({len(data.held_out_queries)}) is held out for the promotion gate (their "
+               f"{len(data.held_out_docs)} document(s) are held out; a lone document always is)"
+               if not data.train_queries else f"the {len(data.train_queries)} training queries gave none")
+        raise TrainingError(f"no training records: {why}; give base training records (--base-data FILE or "
+                            "EVIDENTIA_RETRAIN_BASE_DATA), or feedback on more documents")
     with tempfile.TemporaryDirectory(dir=registry.root.parent if registry.root.parent.exists() else None) as tmp:
         data_file = Path(tmp) / "train.jsonl"
         digest = write_records(data.train_records, data_file)

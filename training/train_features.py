@@ -244,7 +244,8 @@ def _warn_unindexed(records: Sequence[TrainingRecord], pages_of_documents: dict,
     if documents - indexed:
         log(f"warning: {len(documents - indexed)} of the {which} {len(documents)} documents are not in the index: "
             f"their pages stand alone. Index them first (`evidentia index`, with the EVIDENTIA_DATA_DIR the "
-            f"records were made with) so the model learns from the documents it will read")
+            f"records were made with; records exported by the API name their tenant's documents: give its "
+            f"--tenant) so the model learns from the documents it will read")
     return indexed
 
 

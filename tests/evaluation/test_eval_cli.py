@@ -378,3 +378,31 @@ def test_help_does_not_import_heavy_modules():
     assert out.strip() == "[]"
     result = CliRunner().invoke(app, ["--help"])
     assert result.exit_code == 0 and "eval" in result.stdout
+
+
+# --------------------------------------------------------------------------- labels and fallbacks said
+
+
+def test_eval_refuses_a_relevant_page_beyond_the_document(env, tmp_path):
+    _, pdfs, _ = env
+    beyond = tmp_path / "beyond.jsonl"
+    beyond.write_text(json.dumps({**QUERIES[0], "id": "far", "relevant_pages": [2, 99]}) + "\n")
+    result = invoke("--queries", beyond, "--pdf-dir", pdfs)
+    assert result.exit_code == 1, result.output
+    assert result.stdout == ""
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == [f"error: {beyond}: query far: relevant page 99 of alpha, which has 5 page(s): pages are "
+                      "1-based, as a PDF viewer numbers them; correct the page numbers, or the doc_id if the query "
+                      "names the wrong document"]
+
+
+def test_eval_warns_when_a_reranker_fell_back_to_the_first_stage_order(env, monkeypatch):
+    _, pdfs, queries = env
+    monkeypatch.setenv("EVIDENTIA_LLM_API_KEY", "")
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    result = invoke("--queries", queries, "--pdf-dir", pdfs, "--compare", "bm25,llm")
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: ")]
+    assert warnings == [f"warning: bm25+llm fell back to the bm25 order on {len(QUERIES)} of {len(QUERIES)} "
+                        "queries, which its column scores: LLM not configured: no API key; set "
+                        "EVIDENTIA_LLM_API_KEY (or OPENAI_API_KEY)"]

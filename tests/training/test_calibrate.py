@@ -97,3 +97,29 @@ def test_calibrate_never_reverses_the_models_order(tmp_path):
     with pytest.raises(CalibrationError, match="does not rise with relevance"):
         calibrate(tmp_path, synthetic_pools(a=-1.5, c=-1.0, b=-1.0, queries=100), ["bm25"])
     assert (tmp_path / METADATA_FILE).read_text() == before
+
+
+def test_cli_prints_no_rank_term_for_a_features_model(cli_env, multilingual_pdf, tmp_path):
+    """A features model's fit never reads the place in the pool: its fitted formula has no
+    rank term (it printed "+0.000 * ln(rank)")."""
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from evidentia.cli import app
+    from evidentia.reranker.model_registry import SHIPPED_MODEL_DIR
+
+    model = shutil.copytree(SHIPPED_MODEL_DIR, tmp_path / "model")
+    doc = multilingual_pdf.doc_id
+    asked = [("What were the greenhouse gas emissions?", "12,450 tonnes", 1),
+             ("How many suppliers were audited?", "87 %", 2),
+             ("What share of electricity was renewable?", "64 %", 3)]
+    queries = tmp_path / "queries.jsonl"
+    queries.write_text("".join(json.dumps({"id": f"q{i}", "doc_id": doc, "question": q, "answer": a,
+                                           "relevant_pages": [page]}) + "\n"
+                               for i, (q, a, page) in enumerate(asked)))
+    result = CliRunner().invoke(app, ["calibrate", "--model", str(model), "--queries", str(queries),
+                                      "--pdf-dir", str(multilingual_pdf.path.parent)])
+    assert result.exit_code == 0, result.output
+    fitted = [line for line in result.stdout.splitlines() if line.startswith("calibrated on ")]
+    assert len(fitted) == 1 and "* margin " in fitted[0] and "ln(rank)" not in fitted[0]

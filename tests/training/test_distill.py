@@ -492,3 +492,11 @@ def test_cli_errors(cli, server, tmp_path):
     result = runner.invoke(app, base + ["--docs", str(cli["pdfs"])])
     assert result.exit_code == 3, result.output
     assert "every judgement failed" in result.stderr and not cli["out"].exists()
+
+
+def test_cli_without_an_api_key_names_the_setting_once(cli, monkeypatch):
+    monkeypatch.setenv("EVIDENTIA_LLM_API_KEY", "")
+    result = CliRunner().invoke(app, ["distill", "--queries", str(cli["queries"]), "--out", str(cli["out"])])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: LLM not configured: no API key")
+    assert result.stderr.count("EVIDENTIA_LLM_API_KEY") == 1 and "server" not in result.stderr

@@ -172,7 +172,7 @@ def test_gate_tells_a_drop_from_the_noise_of_a_few_queries():
     docs = ("a",) * 6 + ("b",) * 2 + ("c",) * 2
     one_doc = S(sum(six) / 10, 0.5, 0.10, 10, six, docs)
     clustered = rt.gate(one_doc, S(1 / 3, 0.5, 0.10, 10, prod, docs))
-    assert clustered.promote and "on 3 document(s): within their noise" in clustered.reason
+    assert clustered.promote and "in 3 group(s) by first document: within their noise" in clustered.reason
     assert 0.6 < rt.drop_confidence(six, prod, docs) < 0.8
     spread = ("a", "b", "c", "d", "e", "f", "g", "g", "h", "h")  # the same losses on six documents
     assert not rt.gate(S(sum(six) / 10, 0.5, 0.10, 10, six, spread), S(1 / 3, 0.5, 0.10, 10, prod, spread)).promote

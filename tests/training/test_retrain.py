@@ -1,0 +1,26 @@
+"""What a retraining round says of its held-out queries (fast: no model is trained)."""
+
+from __future__ import annotations
+
+from evidentia.training.retrain import ModelScore, gate
+
+
+def test_at_threshold_reads_as_a_sentence_without_r_at_3():
+    score = ModelScore(0.2, None, 0.1, 2, threshold=0.11, recall_kept=None, pool_share=0.4)
+    assert score.at_threshold() == ("at t = 0.11 it has no R@3 to keep (no relevant page in any top 3) and "
+                                    "returns 40% of the pool")
+    kept = ModelScore(0.2, 0.5, 0.1, 2, threshold=0.11, recall_kept=0.9, pool_share=0.4)
+    assert kept.at_threshold() == "at t = 0.11 it keeps 90% of R@3 and returns 40% of the pool"
+
+
+def test_gate_says_what_its_document_count_counts():
+    """Two held-out queries over the same two held-out documents are resampled as one
+    group (their first document): the gate says so rather than "on 1 document(s)"
+    after the round logged two held-out documents."""
+    documents = ("acme:a", "acme:a")
+    candidate = ModelScore(0.0, 0.0, 0.1, 2, per_query_p3=(0.0, 0.0), query_documents=documents)
+    production = ModelScore(0.667, 1.0, 0.1, 2, per_query_p3=(0.667, 0.667), query_documents=documents)
+    decision = gate(candidate, production)
+    assert not decision.promote
+    assert decision.reason == ("P@3 would drop from 0.667 to 0.000 (lower in 100% of resamples of the 2 held-out "
+                               "queries in 1 group(s) by first document): production kept")
