@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import shutil
 import time
 import uuid
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from fastapi import APIRouter, Depends, File, Form, Path as PathParam, Query, Request, Response, UploadFile
 from fastapi.concurrency import run_in_threadpool
@@ -113,15 +114,23 @@ def _count_pages(services: Services, path: Path) -> int | None:
         return None
 
 
+def _shown_name(filename: str | None) -> str:
+    """The file's name as shown and listed: without the client's folders ("../../r.pdf",
+    "C:\\Users\\r.pdf") or control characters."""
+    name = PurePosixPath((filename or "").replace("\\", "/")).name
+    return re.sub(r"[\x00-\x1f\x7f]", "", name)
+
+
 def _accept_upload(services: Services, caller: Caller, upload: UploadFile, document_id: str | None) -> DocumentRow:
     settings = services.settings
+    filename = _shown_name(upload.filename)
     if document_id is not None and document_id != "":
         if not DOCUMENT_ID_RE.match(document_id):
             raise ApiError(422, "validation_error", f"document_id {document_id!r}: use 1-128 ASCII letters, "
                            f"digits, '.', '_' or '-', starting with a letter or digit",
                            [{"loc": ["body", "document_id"], "message": "invalid document id", "type": "value_error"}])
     else:
-        document_id = document_id_for(upload.filename or "")
+        document_id = document_id_for(filename)
     tenant_dir = services.uploads / caller.tenant
     tenant_dir.mkdir(parents=True, exist_ok=True)
     generation = uuid.uuid4().hex
@@ -143,7 +152,7 @@ def _accept_upload(services: Services, caller: Caller, upload: UploadFile, docum
         with open(tmp, "rb") as fh:
             head = fh.read(1024)
         if b"%PDF-" not in head:
-            raise ApiError(415, "not_a_pdf", f"{upload.filename or 'the upload'} is not a PDF (no %PDF- header); "
+            raise ApiError(415, "not_a_pdf", f"{filename or 'the upload'} is not a PDF (no %PDF- header); "
                            f"only PDF files can be indexed", {"content_type": upload.content_type})
         pages = _count_pages(services, tmp)
         if pages is not None and pages > settings.max_pages:
@@ -155,7 +164,7 @@ def _accept_upload(services: Services, caller: Caller, upload: UploadFile, docum
         os.replace(tmp, final)
         _fsync_dir(final_dir)
         _fsync_dir(tenant_dir)
-        row, superseded = services.store.put_document(caller.tenant, document_id, upload.filename or final.name,
+        row, superseded = services.store.put_document(caller.tenant, document_id, filename or final.name,
                                                       size, str(final), generation)
     except BaseException:
         tmp.unlink(missing_ok=True)

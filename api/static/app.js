@@ -285,7 +285,8 @@ async function uploadFiles() {
       const accepted = await api("/v1/documents", { method: "POST", form });
       state.autoSelect.add(accepted.document_id);
     } catch (err) {
-      failures.push(`${file.name}: ${friendly(err)}`);
+      const reason = friendly(err);  // the server's message often names the file already
+      failures.push(reason.startsWith(file.name) ? reason : `${file.name}: ${reason}`);
     } finally {
       state.uploading.delete(name);
     }

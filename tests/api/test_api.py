@@ -200,6 +200,11 @@ def test_default_document_id_reupload_and_delete(client, sample_pdf, tmp_path):
     doc = wait_indexed(client, h, "Annual-Report-2023")
     assert doc["pages"] == 2 and doc["filename"] == "other.pdf"
     assert not first_file.exists()
+    # the client's folders are not the file's name
+    for sent in ("../../evil name.pdf", "C:\\Users\\ann\\report.pdf"):
+        accepted = upload(client, h, other, filename=sent).json()
+        listed = client.get(f"/v1/documents/{accepted['document_id']}", headers=h).json()
+        assert listed["filename"] == sent.replace("\\", "/").rsplit("/", 1)[-1], listed
 
     row = services.store.get_document(tenant, "Annual-Report-2023")
     r = client.delete("/v1/documents/Annual-Report-2023", headers=h)
