@@ -357,9 +357,8 @@ class IndexingWorker:
 def ocr_stats(document) -> dict:
     """What the document row keeps of how its pages were read (see indexer/ocr.py)."""
     stats: dict = {"ocr_pages": document.ocr_pages, "unread_pages": document.unread_pages,
+                   "caption_only_pages": document.caption_only_pages,
                    "ocr_confidence": document.ocr_confidence, "ocr_seconds": round(document.ocr_seconds, 2)}
-    if document.caption_only_pages:
-        stats["caption_only_pages"] = document.caption_only_pages
     if document.unread_pages or document.caption_only_pages:
         stats["unread_reason"] = unread_reason(document.ocr_problem)
     return stats

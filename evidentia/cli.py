@@ -124,7 +124,6 @@ def search(
     if not question.strip():
         raise fail("--question is empty")
     ctx.check_text(question, answer)
-    _check_threshold_has_a_reranker(ctx, reranker, threshold)
     config = ctx.config(stage=stage, reranker=reranker, threshold=threshold, pool_size=top_k)
     library = _library(ctx)
     tenant = _tenant(library, tenant)
@@ -166,17 +165,6 @@ def search(
                        f"{p.snippet[:160]}")
     if strict and result.fallback_reason:
         raise typer.Exit(EXIT_FALLBACK)
-
-
-def _check_threshold_has_a_reranker(ctx: Context, reranker: Optional[str], threshold: Optional[float]) -> None:
-    """Engine.config refuses this too, but its message, prefixed with the flag, read
-    "--threshold a threshold needs ..." (evidentia/engine.py, Engine.config)."""
-    from evidentia.reranker.registry import reranker_class, reranker_names
-
-    name = (reranker or ctx.settings.default_reranker).strip().lower()
-    if threshold is not None and name in reranker_names() and not reranker_class(name).outputs_probabilities:
-        raise fail(f"--threshold needs a reranker that outputs probabilities (e.g. --reranker classifier); "
-                   f"the reranker here is {name}")
 
 
 def _unknown_documents_message(library, tenant: str, unknown: list[str]) -> str:

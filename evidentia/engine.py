@@ -268,8 +268,9 @@ class Engine:
             if not 0.0 <= threshold <= 1.0:
                 problems.append(("threshold", "must be between 0 and 1"))
             elif cls is not None and not cls.outputs_probabilities:
-                problems.append(("threshold", f"a threshold needs a reranker that outputs probabilities "
-                                 f"(e.g. classifier), not {name}"))
+                # read after the flag or field: "--threshold needs ...", "threshold: needs ..."
+                problems.append(("threshold", f"needs a reranker that outputs probabilities (e.g. classifier); "
+                                 f"the reranker here is {name}"))
         elif cls is not None and cls.outputs_probabilities:
             threshold = s.classifier_threshold
         pool = s.pool_size if pool_size is None else pool_size

@@ -69,8 +69,13 @@ def embed_command(
         raise fail(str(exc), EXIT_BACKEND)
     unknown = [shown(d) for d in wanted if d not in models]
     if unknown:
-        raise fail(f"unknown document id(s): {', '.join(unknown)}; `evidentia docs` lists the indexed ones",
-                   EXIT_BAD_INPUT)
+        # one of another tenant is not unknown: say which tenant to name
+        elsewhere, covered = library.elsewhere(library.tenant(tenant), unknown) if doc else (None, [])
+        rest = [d for d in unknown if d not in covered]
+        parts = [elsewhere] if elsewhere else []
+        if rest:
+            parts.append(f"unknown document id(s): {', '.join(rest)}; `evidentia docs` lists the indexed ones")
+        raise fail("; ".join(parts), EXIT_BAD_INPUT)
     embedder = ctx.embedder
     todo = [d for d in wanted if again or models[d] != embedder.name]
     for d in wanted:

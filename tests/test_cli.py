@@ -444,7 +444,7 @@ def test_threshold_without_a_probability_reranker_says_so_plainly(cli, indexed):
     result = cli("search", "--doc", indexed, "-q", "emissions", "--threshold", "0.5", "--reranker", "none")
     assert result.exit_code == 2
     assert result.stderr.strip() == ("error: --threshold needs a reranker that outputs probabilities "
-                                     "(e.g. --reranker classifier); the reranker here is none")
+                                     "(e.g. classifier); the reranker here is none")
 
 
 def test_a_fallback_warning_says_the_first_stage_order_once(cli, indexed, monkeypatch):

@@ -364,7 +364,8 @@ function formatScore(page, result) {
   }
   const by = rankedBy(result);
   if (by === "llm") return `LLM rank ${Math.round(1 / page.score)}`;
-  return `${STAGE_SCORES[by] || "score"} ${page.score.toFixed(2)}`;
+  // a fused rank score is about 1/(60 + rank): 0.0328, 0.0323 ... all read 0.03 at two decimals
+  return `${STAGE_SCORES[by] || "score"} ${page.score.toFixed(by === "hybrid" ? 4 : 2)}`;
 }
 
 // A fallback reason in plain words: the first clause, without library detail.

@@ -539,7 +539,7 @@ def test_api_reports_ocr_pages_and_page_sources(tmp_path):
             time.sleep(0.02)
         assert {"pages_done": 0, "pages_total": 0, "ocr_pages": 1} in seen, seen
         assert doc["progress"] is None
-        assert (doc["ocr_pages"], doc["unread_pages"], doc["unread_reason"]) == (2, 0, None)
+        assert (doc["ocr_pages"], doc["unread_pages"], doc["caption_only_pages"], doc["unread_reason"]) == (2, 0, 0, None)
         assert doc["ocr_confidence"] > 75
         first = client.get("/v1/documents/certificate/pages/1", headers=headers).json()
         assert first["text_source"] == "ocr" and first["ocr_confidence"] > 75 and "Dupont" in first["text"]

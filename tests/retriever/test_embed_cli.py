@@ -111,9 +111,13 @@ def test_embed_adds_vectors_from_the_stored_text(run, plain_index, cli_env):
     assert np.allclose(again.page_vectors("report").vectors, vectors.vectors, atol=2e-3)
 
 
-def test_embed_unknown_document(run, plain_index):
+def test_embed_unknown_document(run, plain_index, tmp_path):
     r = run("embed", "--doc", "nope")
     assert r.exit_code == 1 and "unknown document id(s): nope" in r.stderr
+    pdf = write_pdf(tmp_path / "acme-report.pdf", [FILLER[0], TARGET])
+    assert run("index", "--tenant", "acme", pdf, dense="off").exit_code == 0
+    r = run("embed", "--doc", "acme-report")
+    assert r.exit_code == 1 and "acme-report is in tenant acme: add --tenant acme" in r.stderr
 
 
 @pytest.mark.slow
