@@ -105,16 +105,17 @@ class ValidateRequest(BaseModel):
                           examples=["What were the company's Scope 1 and 2 greenhouse gas emissions in 2023?"])
     answer: str = Field("", description="The supplier's answer (EVIDENTIA_MAX_ANSWER_CHARS, default 5000 "
                         "characters at most).", examples=["12450 tCO2e, down 12.5% on 2022."])
-    document_ids: list[DocumentIdField] = Field(..., min_length=1, description="Documents to search (yours, status `ready`; "
-                                    "EVIDENTIA_MAX_DOCUMENTS_PER_VALIDATION, default 20 at most).",
-                                    examples=[["acme-2023"]])
+    document_ids: list[DocumentIdField] = Field(..., min_length=1, description="Documents to search (yours, status "
+                                                "`ready`; EVIDENTIA_MAX_DOCUMENTS_PER_VALIDATION, default 20 at "
+                                                "most).", examples=[["acme-2023"]])
     top_k: int | None = Field(None, ge=1, description="Candidate pool handed to the reranker, and the number of "
                               "pages returned by `none` (default EVIDENTIA_POOL_SIZE; EVIDENTIA_MAX_TOP_K, "
                               "default 100 at most).")
     reranker: str | None = Field(None, description=f"One of {', '.join(reranker_names())} "
                                  "(default EVIDENTIA_DEFAULT_RERANKER).", examples=["none"])
-    threshold: float | None = Field(None, ge=0.0, le=1.0, allow_inf_nan=False, description="Rerankers with probabilities (classifier): "
-                                    "drop pages below this probability (default EVIDENTIA_CLASSIFIER_THRESHOLD).")
+    threshold: float | None = Field(None, ge=0.0, le=1.0, allow_inf_nan=False,
+                                    description="Rerankers with probabilities (classifier): drop pages below this "
+                                    "probability (default EVIDENTIA_CLASSIFIER_THRESHOLD).")
     stage: Stage | None = Field(None, description="First stage that builds the candidate pool: `bm25` (keywords), "
                                 "`dense` (embedding similarity of the question + answer to the pages) or `hybrid` "
                                 "(both, fused by reciprocal-rank fusion). Default EVIDENTIA_STAGE. `dense` and "
