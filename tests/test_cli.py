@@ -319,14 +319,7 @@ def test_cli_and_api_see_the_same_documents(cli, cli_env, multilingual_pdf, tmp_
 def test_search_says_an_upload_is_still_indexing_or_failed_not_unknown(cli, cli_env, indexed):
     """The API's uploads are in the store before the index: a search for one still
     queued, or one that failed, says so (the API's 409), instead of "unknown"."""
-    from evidentia.store import Store, store_path
-
-    store = Store(store_path(cli_env))
-    store.add_tenant("acme")
-    store.put_document("acme", "queued-report", "queued-report.pdf", 10, "/nowhere/a.pdf", "g1")
-    store.put_document("acme", "broken", "broken.pdf", 10, "/nowhere/b.pdf", "g2")
-    store.set_status("acme", "broken", "g2", "failed", reason="encrypted PDF (password required)")
-    store.close()
+    _store_uploads(cli_env)
     queued = cli("search", "--tenant", "acme", "--doc", "queued-report", "-q", "emissions")
     assert queued.exit_code == 1 and "queued-report is still queued" in queued.stderr
     failed = cli("search", "--tenant", "acme", "--doc", "broken", "-q", "emissions")
