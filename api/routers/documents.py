@@ -300,6 +300,8 @@ async def page_png(
     try:
         png = await _rendered(renderer, caller.tenant, row, page, width, terms)
     except RenderRefused as exc:
+        if exc.code == "document_changed":  # deleted meanwhile: gone, not worth a retry (404)
+            await run_in_threadpool(find_document, services, caller, document_id)
         headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after else None
         raise ApiError(exc.status, exc.code, str(exc), {"document_id": document_id, "page": page},
                        headers=headers) from None

@@ -474,6 +474,30 @@ def test_page_errors(client, sample_pdf):
     assert blank["text"] == "" and blank["char_count"] == 0 and blank["language"] is None
 
 
+def test_a_page_image_of_a_document_deleted_meanwhile_is_404_not_retry(own_client, sample_pdf, monkeypatch):
+    """The file went between the lookup and the rendering: a document re-indexed is worth a
+    retry (409); one deleted is gone (404), as a request after the delete would say."""
+    c = own_client(render_cache_mb=0)
+    h = new_tenant(c)
+    ready_document(c, h, sample_pdf)
+    services = services_of(c)
+    tenant = services.store.authenticate(h["X-API-Key"]).tenant
+    real_render = services.renderer.render
+
+    def render_after_the_file_went(tenant_, generation, path, *args):
+        Path(path).unlink()
+        if delete:
+            services.store.delete_document(tenant, "acme-2023")
+        return real_render(tenant_, generation, path, *args)
+
+    monkeypatch.setattr(services.renderer, "render", render_after_the_file_went)
+    delete = False
+    assert_error(c.get("/v1/documents/acme-2023/pages/1.png", headers=h), 409, "document_changed")
+    ready_document(c, h, sample_pdf)
+    delete = True
+    assert_error(c.get("/v1/documents/acme-2023/pages/1.png", headers=h), 404, "document_not_found")
+
+
 def test_feedback_errors(client, sample_pdf):
     h = new_tenant(client)
     ready_document(client, h, sample_pdf)
