@@ -102,6 +102,9 @@ round later, the shipped model unchanged (section 8v).
   calibration of the answer-stripped questions of batches 15-21 comes from grading the
   pool or from the kind of question. One question (GRI reporting) has no page graded 2: its
   grader found GRI's wording on the Report's page 42 but not its name, and gave it a 1.
+- batch 23: twenty-four more questionnaire questions without an answer, the same way,
+  avoiding the 469 of batches 1-22 (481 grades, 45 graded 2, 59 graded 1; every question
+  with a page graded 2): whether batch 22's calibration was its kind's or its own (8an).
 
 Who graded: four LLM agents, each given a quarter of the pages, the twelve
 questions and this rubric (batch 22: "the question comes from a CSR questionnaire asked
@@ -190,12 +193,12 @@ import sys
 from pathlib import Path
 
 LABELS = Path(__file__).with_name("data") / "bhp_page_labels.jsonl"
-BATCHES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22)
+BATCHES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23)
 # questions with the supplier's answer, each asked of one report
 ANSWERED_BATCHES = (6, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21)
 # graded on the pages of the hybrid pool (21: with and without the answer; and the writer's), not every page;
-# 22: questions without an answer, each asked of one report
-POOL_GRADED_BATCHES = (8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22)
+# 22, 23: questions without an answer, each asked of one report
+POOL_GRADED_BATCHES = (8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23)
 FILING_LABELS = Path(__file__).with_name("data") / "financebench_heldout_labels.jsonl"
 # questions written and graded the same way on the filings of the companies training
 # keeps (training/splits/heldout.json): training data of the shipped model (README)
@@ -268,7 +271,7 @@ def main() -> int:
                          "5: written after the model shipped; 6: questions with the supplier's answer; "
                          "7: written after them, measured once (section 8y); 8: answered, graded on the hybrid "
                          "pool, the threshold's test (section 8ac); 9-21: answered, fresh tests (8ad-8am); "
-                         "22: questionnaire questions without an answer, graded on their pool (8an). "
+                         "22, 23: questionnaire questions without an answer, graded on their pool (8an). "
                          "Filings: 1, long answers; 2, short ones; 3, the threshold's test; 4-15: fresh tests "
                          "(8ad-8al) (default: all)")
     ap.add_argument("--question-only", action="store_true", help="leave the answers out of the queries")

@@ -65,17 +65,18 @@ def test_answered_batch_grades_every_page_of_its_report_against_each_answer():
 
 
 def test_pool_graded_batch_grades_each_answer_on_its_pool_and_its_writers_pages():
-    """Batches 8 to 22, the fresh tests: each question graded on the pages of its hybrid
+    """Batches 8 to 23, the fresh tests: each question graded on the pages of its hybrid
     pool of 20 (21: its pools with and without the answer) and the writer's, blind;
     twelve a report, each with an answering page, but for one of batch 19 and two of 21
     whose definitions only the glossary states (graded 0, as the rubric says of a
     glossary) and one of 22: queries without evidence, a miss for every configuration.
-    Batch 22's questions come without an answer and were never asked before."""
+    Batches 22 and 23's questions come without an answer and were never asked before."""
     module = _report_labels()
-    assert module.POOL_GRADED_BATCHES == (8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22)
+    assert module.POOL_GRADED_BATCHES == (8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23)
     rows = [json.loads(line) for line in module.LABELS.read_text(encoding="utf-8").splitlines() if line.strip()]
-    earlier = {r["question"] for r in rows if r["batch"] < 22}
-    assert not earlier & {r["question"] for r in rows if r["batch"] == 22}
+    for batch in (22, 23):
+        earlier = {r["question"] for r in rows if r["batch"] < batch}
+        assert not earlier & {r["question"] for r in rows if r["batch"] == batch}, batch
     for batch in module.POOL_GRADED_BATCHES:
         by_query: dict[tuple, list[dict]] = {}
         for r in rows:
