@@ -112,9 +112,10 @@ def install_handlers(app: FastAPI) -> None:
                    for e in raw]
         if any(e.get("type") == "json_invalid" for e in raw):
             return error_response(400, "invalid_json", "the request body is not valid JSON", details)
-        for d in details:  # a form without a file part, or a file part without a filename
-            if d["loc"][-1:] == ["file"] and "Expected UploadFile" in d["message"]:
-                d["message"] = "no file: send the PDF as the form's `file` part, with its file name"
+        for d in details:  # a form without a file part (or cut short), or a file part without a filename
+            if d["loc"] == ["body", "file"] and ("Expected UploadFile" in d["message"] or d["type"] == "missing"):
+                d["message"] = ("no file: send the PDF as the form's `file` part, with its file name (a form cut "
+                                "short before its end loses it too)")
         parts = [f"{_loc(d['loc'])}: {d['message']}" for d in details[:3]]
         more = f" (and {len(details) - 3} more)" if len(details) > 3 else ""
         return error_response(422, "validation_error", "; ".join(parts) + more, details)

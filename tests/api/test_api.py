@@ -390,6 +390,9 @@ def test_upload_errors_store_nothing(own_client, tmp_path, sample_pdf):
     assert "one file per upload" in assert_error(two, 422, "validation_error")["message"]
     nameless = c.post("/v1/documents", headers=h, files={"file": ("", b"%PDF-1", "application/pdf")})
     assert "no file" in assert_error(nameless, 422, "validation_error")["message"]
+    cut = c.post("/v1/documents", headers={**h, "content-type": "multipart/form-data; boundary=b"},
+                 content=b'--b\r\nContent-Disposition: form-data; name="file"; filename="r.pdf"\r\n\r\n%PDF-1')
+    assert "no file" in assert_error(cut, 422, "validation_error")["message"]
     err = assert_error(upload(c, h, sample_pdf), 413, "too_many_pages")  # 6 pages, limit 3
     assert err["details"] == {"pages": 6, "max_pages": 3}
     assert "6 pages" in err["message"]
