@@ -82,6 +82,11 @@ def without_server_details(text: str) -> str:
     return _SERVER_PATH.sub("<path on the server>", _URL.sub("<server URL>", text))
 
 
+def backend_unavailable(exc: Exception) -> ApiError:
+    """The search engine failed (Elasticsearch down, the index unreadable): 503."""
+    return ApiError(503, "backend_unavailable", f"search engine error: {without_server_details(str(exc))}")
+
+
 def error_content(code: str, message: str, details: Any = None) -> dict:
     return {"error": {"code": code, "message": message, "details": details}}
 

@@ -261,13 +261,9 @@ def image_cover(page: pymupdf.Page) -> float:
     return drawings(page)[0]
 
 
-def looks_scanned(page: pymupdf.Page, text_layer: str) -> bool:
-    """A page with (almost) no text that shows an image over much of its area, or
-    many drawn paths (glyphs turned into outlines)."""
-    return _looks_scanned(drawings(page))
-
-
-def _looks_scanned(drawn: tuple[float, int]) -> bool:
+def looks_scanned(drawn: tuple[float, int]) -> bool:
+    """A page (with almost no text) whose ``drawings`` show an image over much of its
+    area, or many drawn paths (glyphs turned into outlines)."""
     cover, paths = drawn
     return cover >= SCAN_IMAGE_COVER or paths >= OUTLINED_TEXT_PATHS
 
@@ -290,7 +286,7 @@ def ocr_reason(page: pymupdf.Page, text_layer: str,
     drawn = drawn or (lambda: drawings(page))
     if has_letters(text_layer, SHORT_TEXT_LETTERS):
         return "figure" if drawn()[0] >= SCAN_IMAGE_COVER else None
-    scanned = _looks_scanned(drawn()) if text_layer.strip() else shows_anything(page)
+    scanned = looks_scanned(drawn()) if text_layer.strip() else shows_anything(page)
     return "scan" if scanned else None
 
 

@@ -79,8 +79,9 @@ def _is_truncated(path: Path) -> bool:
             end = start + len(kept)
             if kept:
                 break
-        fh.seek(max(0, end - 1024))
-        if b"%%EOF" in fh.read(end - max(0, end - 1024)):
+        tail_start = max(0, end - 1024)
+        fh.seek(tail_start)
+        if b"%%EOF" in fh.read(end - tail_start):
             return False
         fh.seek(0)
         return b"endobj" in fh.read(min(size, 4 << 20))

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Depends, File, Form, Path as PathParam, Query, Re
 from fastapi.concurrency import run_in_threadpool
 
 from evidentia.api.deps import Caller, get_services, require_backend, require_tenant, run_blocking
-from evidentia.api.errors import ApiError, errors, file_too_large, without_server_details
+from evidentia.api.errors import ApiError, backend_unavailable, errors, file_too_large
 from evidentia.api.highlight import MAX_HIGHLIGHT_CHARS, MAX_TERMS, highlight_terms
 from evidentia.api.rendering import PageRenderer, RenderRefused
 from evidentia.tenants import internal_id
@@ -322,7 +322,7 @@ async def page_text(
     try:
         found = await run_blocking(services, backend.get_page, internal_id(caller.tenant, document_id), page)
     except BackendError as exc:
-        raise ApiError(503, "backend_unavailable", f"search engine error: {without_server_details(str(exc))}") from None
+        raise backend_unavailable(exc) from None
     if found is None:
         raise ApiError(409, "document_gone", f"page {page} of {document_id} is not in the index; upload the "
                        f"document again", {"document_id": document_id, "page": page})

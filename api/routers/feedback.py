@@ -7,7 +7,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
 from evidentia.api.deps import Caller, get_services, require_backend, require_tenant, run_blocking
-from evidentia.api.errors import ApiError, errors, without_server_details
+from evidentia.api.errors import ApiError, backend_unavailable, errors
 from evidentia.tenants import internal_id
 from evidentia.api.schemas import FeedbackOut, FeedbackRequest
 from evidentia.api.services import Services
@@ -44,7 +44,7 @@ async def post_feedback(body: FeedbackRequest, caller: Caller = Depends(require_
     try:
         page = await run_blocking(services, backend.get_page, internal_id(caller.tenant, body.document_id), body.page)
     except BackendError as exc:
-        raise ApiError(503, "backend_unavailable", f"search engine error: {without_server_details(str(exc))}") from None
+        raise backend_unavailable(exc) from None
     if page is None:
         raise ApiError(409, "document_gone", f"document {body.document_id} was deleted or replaced since the "
                        f"validation; its page {body.page} is no longer indexed",

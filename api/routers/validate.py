@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
 
 from evidentia.api.deps import Caller, deadline, get_services, require_backend, require_tenant, run_blocking
-from evidentia.api.errors import ApiError, errors, without_server_details
+from evidentia.api.errors import ApiError, backend_unavailable, errors, without_server_details
 from evidentia.tenants import internal_id, split_internal_id
 from evidentia.api.routers.documents import not_ready_message
 from evidentia.api.schemas import ErrorResponse, ValidatedPage, ValidateRequest, ValidateResponse
@@ -145,7 +145,7 @@ async def validate(body: ValidateRequest, request: Request, caller: Caller = Dep
         raise ApiError(409, "vector_model_mismatch", f"{message} (here: upload them again)",
                        {"document_ids": _external(exc.doc_ids), "stage": stage}) from None
     except BackendError as exc:
-        raise ApiError(503, "backend_unavailable", f"search engine error: {without_server_details(str(exc))}") from None
+        raise backend_unavailable(exc) from None
     if reranker.takes_deadline:
         result = await _rerank_awaited(services, request, reranker, result, until)
 
