@@ -105,6 +105,20 @@ round later, the shipped model unchanged (section 8v).
 - batch 23: twenty-four more questionnaire questions without an answer, the same way,
   avoiding the 469 of batches 1-22 (481 grades, 45 graded 2, 59 graded 1; every question
   with a page graded 2): whether batch 22's calibration was its kind's or its own (8an).
+- batch 24: twenty-four answered questions (twelve a report) written from one page each,
+  as batches 15-21, by two agents avoiding the 493 questions of batches 1-23; graded by
+  two others (one a report) on the union of each question's hybrid pools with and
+  without its answer and the writer's pages, in page order, blind to any ranking and to
+  the writer's pages, seeing the question alone (542 grades, 34 graded 2, 29 graded 1;
+  every question with a page graded 2). The fresh test of section 8ao's candidate, asked
+  with and without the answer, written before any score on them.
+- batch 25: twenty-four questionnaire questions without an answer, as batches 22-23, by
+  two agents avoiding the same 493; graded by two others on each question's hybrid pool
+  and the writer's pages (485 grades, 37 graded 2, 48 graded 1). Four questions have no
+  page graded 2 (the report quantifies no physical-risk cost, names tailings only in a
+  list, sets no revenue goal and no other climate target but one site's renewable power):
+  queries without evidence. Batches 22 and 23 are since 8ao the calibration records of
+  that section's candidate; 25 is the fresh test of its kind.
 
 Who graded: four LLM agents, each given a quarter of the pages, the twelve
 questions and this rubric (batch 22: "the question comes from a CSR questionnaire asked
@@ -193,12 +207,12 @@ import sys
 from pathlib import Path
 
 LABELS = Path(__file__).with_name("data") / "bhp_page_labels.jsonl"
-BATCHES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23)
+BATCHES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25)
 # questions with the supplier's answer, each asked of one report
-ANSWERED_BATCHES = (6, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21)
-# graded on the pages of the hybrid pool (21: with and without the answer; and the writer's), not every page;
-# 22, 23: questions without an answer, each asked of one report
-POOL_GRADED_BATCHES = (8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23)
+ANSWERED_BATCHES = (6, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 24)
+# graded on the pages of the hybrid pool (21, 24: with and without the answer; and the writer's), not every page;
+# 22, 23, 25: questions without an answer, each asked of one report
+POOL_GRADED_BATCHES = (8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25)
 FILING_LABELS = Path(__file__).with_name("data") / "financebench_heldout_labels.jsonl"
 # questions written and graded the same way on the filings of the companies training
 # keeps (training/splits/heldout.json): training data of the shipped model (README)
@@ -271,7 +285,8 @@ def main() -> int:
                          "5: written after the model shipped; 6: questions with the supplier's answer; "
                          "7: written after them, measured once (section 8y); 8: answered, graded on the hybrid "
                          "pool, the threshold's test (section 8ac); 9-21: answered, fresh tests (8ad-8am); "
-                         "22, 23: questionnaire questions without an answer, graded on their pool (8an). "
+                         "22, 23: questionnaire questions without an answer, graded on their pool (8an); 24: answered, "
+                         "graded on the pools with and without the answer, 25: as 22-23 (8ao). "
                          "Filings: 1, long answers; 2, short ones; 3, the threshold's test; 4-15: fresh tests "
                          "(8ad-8al) (default: all)")
     ap.add_argument("--question-only", action="store_true", help="leave the answers out of the queries")
