@@ -16,7 +16,7 @@ from typing import Optional
 import typer
 
 COMPARE_HELP = ("Comma-separated configurations to compare, each [stage+]reranker[@threshold], "
-                "e.g. 'bm25,hybrid,hybrid+classifier,hybrid+classifier@0.11'. A bare stage (bm25) means no "
+                "e.g. 'bm25,hybrid,hybrid+classifier,hybrid+classifier@0.1'. A bare stage (bm25) means no "
                 "reranker; a bare reranker runs on bm25 (write hybrid+ for the search default); a classifier "
                 "without @t ranks every page, no threshold (`evidentia search` applies "
                 "EVIDENTIA_CLASSIFIER_THRESHOLD).")

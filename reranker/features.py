@@ -96,6 +96,8 @@ DOCUMENT_FEATURE_NAMES = (
     "doc_cov_query",    # how far the document falls short of holding half the query keywords' weight (coverage_shortfall)
     "doc_rank_cos_adapted",  # ln(1 + pages of the document with a higher cos_query_adapted)
     "doc_len",          # mean log_len of the document's pages: a report's long prose pages against short passages
+    "query_no_answer",  # 1 when the query has no answer (the question asked alone), else 0: the same for every page
+    "query_no_answer_words",  # min(question words, QUESTION_WORDS_CAP) / 10 when it has no answer, else 0
 )
 # Signs the relevance model's weights must keep (reranker/relevance_model.py).
 #
@@ -149,7 +151,14 @@ AFTER_FIT_PAGE_FEATURES = ("title_page",)
 # a question's evidence on one or two of them) need a steeper calibration than
 # ClimRetrieve's generated reports (short pages, a quarter of a pool relevant), and
 # doc_num_share alone cannot tell them apart (docs/BENCHMARKS.md 8ad, 8ae).
-CALIBRATION_FEATURES = ("doc_num_share", "doc_cov_query", "doc_len")
+#
+# query_no_answer, query_no_answer_words: which kind of question is asked alone. A
+# question written from one page and asked without its answer (18 words on the BHP
+# reports) wants its best page higher and the rest lower than the model gives; a
+# questionnaire question asked of any company (11 words) about what it gives
+# (docs/BENCHMARKS.md 8an: refit slopes 2.2-2.9 against 0.8-1.2).
+CALIBRATION_FEATURES = ("doc_num_share", "doc_cov_query", "doc_len", "query_no_answer", "query_no_answer_words")
+QUESTION_WORDS_CAP = 30
 # A page's own features: PAGE_FEATURE_NAMES, then the question memory's
 # (reranker/question_memory.py); the document features are derived from them.
 ROW_FEATURE_NAMES = PAGE_FEATURE_NAMES + MEMORY_FEATURE_NAMES
@@ -158,6 +167,7 @@ _ADAPTED = PAGE_FEATURE_NAMES.index("cos_query_adapted")
 _GLOSSARY = PAGE_FEATURE_NAMES.index("glossary_cos")
 _WINDOW = PAGE_FEATURE_NAMES.index("window_cov_question")
 _TITLE = PAGE_FEATURE_NAMES.index("title_page")
+_QUERY_KIND = [FEATURE_NAMES.index("query_no_answer"), FEATURE_NAMES.index("query_no_answer_words")]
 # A report's cover holds its title and little else ("Westpac 2023 climate report"), and
 # reads, to the bi-encoder, like every sustainability question; with few words it also
 # looked like the short expert passages that are evidence. Cross-fitted by company, 3 of
@@ -566,6 +576,13 @@ def document_features(page_features: np.ndarray, local: np.ndarray | None = None
     return out
 
 
+def query_kind(question: str, answer: str) -> tuple[float, float]:
+    """query_no_answer and query_no_answer_words of a query (constant over its pages)."""
+    if (answer or "").strip():
+        return 0.0, 0.0
+    return 1.0, min(len((question or "").split()), QUESTION_WORDS_CAP) / 10.0
+
+
 def stored_vector_source(backend, model_name: str) -> PageVectorSource:
     """Window vectors stored at indexing time (``SearchBackend.page_vectors``), when
     they were made by ``model_name``; None otherwise (the caller computes them)."""
@@ -705,6 +722,10 @@ class FeatureExtractor:
                     pool.document_of[i] = doc_id
                 else:
                     stand_alone(i)
+        kind = query_kind(question, answer)
+        out[:, _QUERY_KIND] = kind
+        for rows in pool.documents.values():
+            rows[:, _QUERY_KIND] = kind
         return pool
 
     def page_windows(self, doc_id: str | None, page: int | None, text: str,

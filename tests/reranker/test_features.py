@@ -201,6 +201,24 @@ def test_document_features_do_not_depend_on_the_pool(embedder):
     np.testing.assert_allclose(together, reversed_[::-1], atol=1e-9)
 
 
+def test_a_querys_kind_is_the_same_on_every_page_and_read_only_without_an_answer(embedder):
+    """query_no_answer and query_no_answer_words (the after-fit's question kind): 0 with an
+    answer; without one, 1 and the question's words / 10 (capped at 30 words), on the pool's
+    rows and on every page of their documents alike."""
+    ext = FeatureExtractor(embedder)
+    source = {"d": DOCUMENT}.get
+    kind = [FEATURE_NAMES.index("query_no_answer"), FEATURE_NAMES.index("query_no_answer_words")]
+    answered = ext.pool_features(QUESTION, ANSWER, [("d", 3, CAPEX), ("gone", 1, STAFF)], document_source=source)
+    alone = ext.pool_features(QUESTION, "  ", [("d", 3, CAPEX), ("gone", 1, STAFF)], document_source=source)
+    assert not answered.rows[:, kind].any() and not answered.documents["d"][:, kind].any()
+    words = len(QUESTION.split()) / 10
+    for rows in (alone.rows, alone.documents["d"]):
+        np.testing.assert_allclose(rows[:, kind], np.tile([1.0, words], (len(rows), 1)))
+    long_question = " ".join(["emissions"] * 45) + "?"
+    capped = ext.features(long_question, "", [("d", 3, CAPEX)], document_source=source)
+    np.testing.assert_allclose(capped[0, kind], [1.0, 3.0])
+
+
 def test_a_page_without_its_document_stands_alone(embedder):
     ext = FeatureExtractor(embedder)
     unknown = ext.features(QUESTION, ANSWER, [("gone", 3, STAFF)], document_source={"d": DOCUMENT}.get)
