@@ -146,6 +146,9 @@ class ValidateResponse(BaseModel):
     model_version: str | None = Field(None, description="Identifies the classifier model (name@created+data hash); "
                                       "null for other rerankers.")
     candidates: int = Field(0, description="Pages in the first-stage pool the reranker saw.")
+    threshold: float | None = Field(None, description="The relevance threshold the classifier applied (the "
+                                    "request's, else the server's EVIDENTIA_CLASSIFIER_THRESHOLD); null for "
+                                    "other rerankers.")
     note: str | None = Field(None, description="When no page came back: why (no searchable word, no page with "
                              "the words, every candidate below the threshold) and what to do.")
 

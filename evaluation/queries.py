@@ -5,6 +5,7 @@ One line looks like::
     {"id": "q1", "doc_id": "3M_2018_10K", "question": "...", "answer": "...",
      "relevant_pages": [60], "question_type": "metrics-generated"}
 
+``answer`` may be left out (the question asked alone, as `evidentia search` takes it).
 A query over several documents names them in ``doc_ids`` and its relevant pages
 per document: ``"relevant_pages": {"docA": [3], "docB": []}``. Pages are 1-based,
 as a PDF viewer numbers them. An optional ``partly_relevant_pages`` (the same forms)
@@ -112,6 +113,7 @@ def _parse_line(obj: Any, err) -> EvalQuery:
     else:
         raise err("missing field 'doc_id' (or 'doc_ids')")
 
+    obj = {"answer": "", **obj}  # a question asked without an answer, as `evidentia search` takes it
     for name in ("question", "answer"):
         if name not in obj:
             raise err(f"missing field {name!r}")

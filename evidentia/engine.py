@@ -136,8 +136,12 @@ class SearchResult:
         n = len(self.candidates)
         which = "the only candidate" if n == 1 else f"all {n} candidates"
         threshold = f" {self.config.threshold:g}" if self.config.threshold is not None else ""
-        return (f"no page kept: {which} fell below the relevance threshold{threshold}{best_text}; lower the "
-                "threshold (e.g. to 0) to see them")
+        # a user sees the note in the CLI, the API and the web page: name each place t is set
+        lower = (f"a threshold below {_below(best, self.config.threshold)} keeps the best of them, 0 keeps all"
+                 if best is not None else "0 keeps all of them")
+        return (f"no page kept: {which} fell below the relevance threshold{threshold}{best_text}; {lower} "
+                "(--threshold on the command line, \"threshold\" in the API and on the web page, "
+                "EVIDENTIA_CLASSIFIER_THRESHOLD for the default)")
 
 
 def _below(p: float, threshold: float | None) -> str:
@@ -261,7 +265,8 @@ class Engine:
         name = (reranker or s.default_reranker).strip().lower()
         cls = None
         if name not in reranker_names():
-            problems.append(("reranker", f"unknown reranker {name!r}; choose one of {', '.join(reranker_names())}"))
+            # read after the option's name: "--reranker must be one of ..."
+            problems.append(("reranker", f"must be one of {', '.join(reranker_names())}, not {name!r}"))
         else:
             cls = reranker_class(name)
         if threshold is not None:

@@ -175,7 +175,8 @@ async def validate(body: ValidateRequest, request: Request, caller: Caller = Dep
                             stage=result.stage, stage_note=_stage_note(result.without_vectors),
                             fallback_reason=result.fallback_reason,
                             timings_ms={k: round(v, 2) for k, v in timings.items()}, model_version=version,
-                            candidates=len(result.candidates), note=result.note)
+                            candidates=len(result.candidates), threshold=result.config.threshold,
+                            note=result.note)
 
 
 async def _rerank_awaited(services: Services, request: Request, reranker: Reranker, first: SearchResult,

@@ -133,10 +133,7 @@ function signOut(message) {
   state.documents = [];
   state.selected.clear();
   state.autoSelect.clear();
-  state.validation = null;
-  revokeThumbnails();
-  $("result-list").replaceChildren();
-  $("results").hidden = true;
+  clearResults();
   $("doc-list").replaceChildren();
   $("workspace").hidden = true;
   $("session").hidden = true;
@@ -296,6 +293,14 @@ async function uploadFiles() {
 }
 
 // -- validate -----------------------------------------------------------------
+// The results of an earlier question, gone: under a new question's error they would read as its answer.
+function clearResults() {
+  state.validation = null;
+  revokeThumbnails();
+  $("result-list").replaceChildren();
+  $("results").hidden = true;
+}
+
 function readForm() {
   const question = $("question").value.trim();
   const answer = $("answer").value.trim();
@@ -330,6 +335,7 @@ async function validate(event) {
   const { body, problems } = readForm();
   if (problems.length) {
     showError(problems.join(" "));
+    clearResults();
     return;
   }
   const button = $("validate-button");
@@ -342,6 +348,7 @@ async function validate(event) {
     renderResults(result);
   } catch (err) {
     showError(friendly(err));
+    clearResults();
     if (err.code === "document_not_ready" || err.code === "document_not_found") refreshDocuments();
   } finally {
     button.disabled = false;
@@ -386,6 +393,7 @@ function renderResults(result) {
   const total = result.timings_ms && result.timings_ms.total;
   $("results-summary").textContent = `${n} ${n === 1 ? "page" : "pages"} · ranked by ${rankedBy(result)}` +
     (total !== undefined ? ` · ${Math.round(total)} ms` : "") +
+    (result.threshold !== null && result.threshold !== undefined ? ` · threshold ${result.threshold}` : "") +
     (result.model_version ? ` · model ${result.model_version}` : "");
   const fallback = $("fallback");
   if (result.fallback_reason) {

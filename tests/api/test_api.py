@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from evidentia.config import Settings
 from evidentia.tenants import internal_id
 from evidentia.store import store_path
 from evidentia.store import Store
@@ -651,9 +652,13 @@ def test_validate_says_when_the_threshold_dropped_every_page(own_client, sample_
     ready_document(c, h, sample_pdf)
     body = validate(c, h, ["acme-2023"], reranker="classifier", threshold=0.999).json()
     assert body["pages"] == [] and body["note"].startswith("no page kept: all ")
-    assert "threshold 0.999" in body["note"] and "p=0." in body["note"]
+    assert "threshold 0.999" in body["note"] and "p=0." in body["note"] and body["threshold"] == 0.999
     kept = validate(c, h, ["acme-2023"], reranker="classifier", threshold=0.0).json()
-    assert kept["pages"] and kept["note"] is None
+    assert kept["pages"] and kept["note"] is None and kept["threshold"] == 0.0
+    # without one, the server's default is the one applied, and said
+    default = validate(c, h, ["acme-2023"], reranker="classifier").json()
+    assert default["threshold"] == Settings().classifier_threshold
+    assert validate(c, h, ["acme-2023"]).json()["threshold"] is None  # no classifier, no threshold
 
 
 # -- OpenAPI ------------------------------------------------------------------

@@ -281,6 +281,13 @@ def test_analyst_session_upload_validate_feedback(browser, server, tmp_path):
         "!document.querySelector('#result-list li.result .verdict-status').textContent"), "no question-only result")
     assert not by_css(driver, "#banner").is_displayed()
 
+    # a form error clears the earlier question's results: under the error they would read as this one's
+    fill(driver, "#question", "")
+    by_css(driver, "#validate-button").click()
+    wait_banner(driver, "Type the question")
+    assert not by_css(driver, "#results").is_displayed()
+    assert not driver.find_elements("css selector", "#result-list li.result")
+
     # the key survives a reload (same tab), and logging out forgets it
     driver.refresh()
     wait(driver, visible("#workspace"), "signed out by a reload")

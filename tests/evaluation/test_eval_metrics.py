@@ -370,13 +370,20 @@ def test_parse_good_queries(tmp_path):
     assert category_fields([q1, q2, q3]) == {"question_type": ["metrics", "other", MISSING_CATEGORY]}
 
 
+def test_a_query_without_an_answer_is_the_question_asked_alone(tmp_path):
+    path = tmp_path / "q.jsonl"
+    path.write_text(_line(answer=...) + "\n")
+    (query,) = load_queries(path)
+    assert query.answer == "" and query.question
+
+
 @pytest.mark.parametrize("bad, message", [
     ("{not json", "invalid JSON"),
     ("[1, 2]", "expected a JSON object"),
     (_line(id=...), "missing field 'id'"),
     (_line(doc_id=...), "missing field 'doc_id'"),
     (_line(question=...), "missing field 'question'"),
-    (_line(answer=...), "missing field 'answer'"),
+    (_line(answer=3), "field 'answer' must be a string"),
     (_line(relevant_pages=...), "missing field 'relevant_pages'"),
     (_line(question=3), "field 'question' must be a string"),
     (_line(doc_id=["a"]), "field 'doc_id' must be a non-empty string"),

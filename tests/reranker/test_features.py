@@ -943,6 +943,9 @@ def test_the_note_never_shows_the_best_probability_at_the_threshold(best, thresh
     result = SearchResult(Q, _candidates(), [], RunConfig("hybrid", "classifier", threshold), "classifier",
                           info={"best_probability": best})
     assert f"threshold {threshold:g} (the best had {shown})" in result.note
+    # and how to see them, wherever t was set
+    assert f"a threshold below {shown[2:]} keeps the best of them, 0 keeps all" in result.note
+    assert "--threshold" in result.note and "EVIDENTIA_CLASSIFIER_THRESHOLD" in result.note
 
 
 def test_training_chose_a_threshold_and_recorded_out_of_fold_metrics(features_reranker):
