@@ -119,6 +119,11 @@ round later, the shipped model unchanged (section 8v).
   list, sets no revenue goal and no other climate target but one site's renewable power):
   queries without evidence. Batches 22 and 23 are since 8ao the calibration records of
   that section's candidate; 25 is the fresh test of its kind.
+- batches 26 and 27: twenty-four more of each kind, the same way (26: 551 grades, 27 graded
+  2, 23 graded 1, every question with a page graded 2; 27: 485 grades, 41 graded 2, 64
+  graded 1, three questions without one), avoiding the 541 questions of batches 1-25:
+  the fresh test of section 8ao's second candidate (a back cover), written after its rule
+  and graded before any score on them.
 
 Who graded: four LLM agents, each given a quarter of the pages, the twelve
 questions and this rubric (batch 22: "the question comes from a CSR questionnaire asked
@@ -207,12 +212,12 @@ import sys
 from pathlib import Path
 
 LABELS = Path(__file__).with_name("data") / "bhp_page_labels.jsonl"
-BATCHES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25)
+BATCHES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27)
 # questions with the supplier's answer, each asked of one report
-ANSWERED_BATCHES = (6, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 24)
-# graded on the pages of the hybrid pool (21, 24: with and without the answer; and the writer's), not every page;
-# 22, 23, 25: questions without an answer, each asked of one report
-POOL_GRADED_BATCHES = (8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25)
+ANSWERED_BATCHES = (6, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 24, 26)
+# graded on the pages of the hybrid pool (21, 24, 26: with and without the answer; and the writer's), not every
+# page; 22, 23, 25, 27: questions without an answer, each asked of one report
+POOL_GRADED_BATCHES = (8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27)
 FILING_LABELS = Path(__file__).with_name("data") / "financebench_heldout_labels.jsonl"
 # questions written and graded the same way on the filings of the companies training
 # keeps (training/splits/heldout.json): training data of the shipped model (README)
@@ -286,7 +291,7 @@ def main() -> int:
                          "7: written after them, measured once (section 8y); 8: answered, graded on the hybrid "
                          "pool, the threshold's test (section 8ac); 9-21: answered, fresh tests (8ad-8am); "
                          "22, 23: questionnaire questions without an answer, graded on their pool (8an); 24: answered, "
-                         "graded on the pools with and without the answer, 25: as 22-23 (8ao). "
+                         "graded on the pools with and without the answer, 25: as 22-23; 26, 27: as 24, 25 (8ao). "
                          "Filings: 1, long answers; 2, short ones; 3, the threshold's test; 4-15: fresh tests "
                          "(8ad-8al) (default: all)")
     ap.add_argument("--question-only", action="store_true", help="leave the answers out of the queries")

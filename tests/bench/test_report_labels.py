@@ -65,17 +65,17 @@ def test_answered_batch_grades_every_page_of_its_report_against_each_answer():
 
 
 def test_pool_graded_batch_grades_each_answer_on_its_pool_and_its_writers_pages():
-    """Batches 8 to 25, the fresh tests: each question graded on the pages of its hybrid
-    pool of 20 (21, 24: its pools with and without the answer) and the writer's, blind;
+    """Batches 8 to 27, the fresh tests: each question graded on the pages of its hybrid
+    pool of 20 (21, 24, 26: its pools with and without the answer) and the writer's, blind;
     twelve a report, each with an answering page, but for one of batch 19 and two of 21
     whose definitions only the glossary states (graded 0, as the rubric says of a
-    glossary), one of 22 and four of 25: queries without evidence, a miss for every
-    configuration. Batches 22, 23 and 25's questions come without an answer; from 22 on,
-    none was asked before."""
+    glossary), one of 22, four of 25 and three of 27: queries without evidence, a miss for
+    every configuration. Batches 22, 23, 25 and 27's questions come without an answer; from
+    22 on, none was asked before."""
     module = _report_labels()
-    assert module.POOL_GRADED_BATCHES == (8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25)
+    assert module.POOL_GRADED_BATCHES == (8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27)
     rows = [json.loads(line) for line in module.LABELS.read_text(encoding="utf-8").splitlines() if line.strip()]
-    for batch in (22, 23, 24, 25):
+    for batch in (22, 23, 24, 25, 26, 27):
         earlier = {r["question"] for r in rows if r["batch"] < batch}
         assert not earlier & {r["question"] for r in rows if r["batch"] == batch}, batch
     for batch in module.POOL_GRADED_BATCHES:
@@ -92,7 +92,7 @@ def test_pool_graded_batch_grades_each_answer_on_its_pool_and_its_writers_pages(
             assert bool(graded[0]["answer"].strip()) == (batch in module.ANSWERED_BATCHES), question
             assert any(r["cited_by_writer"] for r in graded)
             without_evidence += not any(r["grade"] == 2 for r in graded)
-        assert without_evidence == {19: 1, 21: 2, 22: 1, 25: 4}.get(batch, 0), batch
+        assert without_evidence == {19: 1, 21: 2, 22: 1, 25: 4, 27: 3}.get(batch, 0), batch
         found = module.queries(module.LABELS, 2, (batch,))
         assert len(found) == 24 and all(bool(q["answer"]) == (batch in module.ANSWERED_BATCHES) for q in found)
         assert sum(not q["relevant_pages"] for q in found) == without_evidence
