@@ -251,6 +251,42 @@ def delete(doc_id: str = typer.Argument(..., help="Document id (as `evidentia do
 
 
 @app.command()
+def page(doc_id: str = typer.Argument(..., help="Document id (as `evidentia docs` lists it)."),
+         number: int = typer.Argument(..., min=1, help="Page number, 1-based as a PDF viewer numbers it and as "
+                                      "`search` prints it."),
+         tenant: Optional[str] = typer.Option(None, "--tenant", help=TENANT_HELP),
+         as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")):
+    """Print a page's text as indexed: what search and the rerankers read (a scan's OCR text)."""
+    from evidentia.retriever.base import BackendError
+
+    ctx = Context()
+    library = _library(ctx)
+    tenant = _tenant(library, tenant)
+    (indexed_id,) = library.resolve(tenant, [doc_id])
+    try:
+        info = ctx.engine.backend.get_document(indexed_id)
+        found = ctx.engine.backend.get_page(indexed_id, number) if info is not None else None
+    except BackendError as exc:
+        raise fail(str(exc), EXIT_BACKEND)
+    if info is None:
+        raise fail(_unknown_documents_message(library, tenant, [doc_id]), EXIT_BAD_INPUT)
+    if found is None:
+        raise fail(f"{doc_id} has {info.pages} page{'s' if info.pages != 1 else ''}: there is no page {number}",
+                   EXIT_BAD_INPUT)
+    if as_json:
+        typer.echo(json.dumps({"tenant": tenant, "doc_id": doc_id, "page": number, "pages": info.pages,
+                               "language": found.language, "text_source": found.text_source,
+                               "ocr_confidence": found.ocr_confidence, "text": found.text}, ensure_ascii=False))
+        return
+    read = {"text": "its text layer", "ocr": "OCR", "unread": "nothing: it shows something that was not read",
+            "none": "nothing: blank"}.get(found.text_source, found.text_source)
+    confidence = f", confidence {found.ocr_confidence:.0f}" if found.ocr_confidence is not None else ""
+    typer.echo(f"{doc_id} p.{number} of {info.pages} ({found.language or 'language unknown'}; read from "
+               f"{read}{confidence})\n")
+    typer.echo(found.text)
+
+
+@app.command()
 def demo(keep: bool = typer.Option(False, "--keep", help="Index the sample into EVIDENTIA_DATA_DIR and keep it "
                                    "there (default: a temporary folder, removed afterwards).")):
     """Generate a small multilingual sample report, index it and answer one question."""

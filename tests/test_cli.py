@@ -212,6 +212,31 @@ def test_delete(cli, indexed):
     assert again.stdout == ""
 
 
+def test_page_prints_the_text_search_reads(cli, indexed, tmp_path):
+    """`evidentia page` shows a page as indexed (the text search and the rerankers read), with
+    its language and how it was read; a page past the end or another tenant's document is an
+    error that says so."""
+    found = json.loads(cli("search", "--doc", indexed, "-q", FR_QUESTION, "--json").stdout)["pages"][0]
+    shown = cli("page", indexed, found["page"])
+    assert shown.exit_code == 0, shown.output
+    header, _, text = shown.stdout.partition("\n\n")
+    assert header.startswith(f"{indexed} p.{found['page']} of ") and "read from its text layer" in header
+    assert "87 %" in text
+    as_json = json.loads(cli("page", indexed, found["page"], "--json").stdout)
+    assert as_json["text"].strip() == text.strip() and as_json["language"] == "fr"
+    assert as_json["text_source"] == "text" and as_json["page"] == found["page"]
+    past = cli("page", indexed, 999)
+    assert past.exit_code == 1 and error_lines(past.stderr) == [
+        f"error: {indexed} has {as_json['pages']} pages: there is no page 999"]
+    assert cli("page", indexed, 0).exit_code == 2
+    pdf = write_sample_report(tmp_path / "amcor-q4.pdf")
+    assert cli("index", "--tenant", "acme", pdf).exit_code == 0
+    elsewhere = cli("page", "amcor-q4", 1)
+    assert elsewhere.exit_code == 1 and error_lines(elsewhere.stderr) == [
+        "error: amcor-q4 is in tenant acme: add --tenant acme"]
+    assert "Acme" in cli("page", "--tenant", "acme", "amcor-q4", 1).stdout
+
+
 def test_reindex_via_cli_replaces(cli, tmp_path, language_pages):
     from evidentia.samples import write_pdf
 
