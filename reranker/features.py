@@ -80,7 +80,7 @@ PAGE_FEATURE_NAMES = (
     "glossary_cos",     # cosine(GLOSSARY_PROBE, mean of the windows): how much the page reads like a glossary
     "window_cov_question",  # share of the question keywords' weight found in the page's best PASSAGE_TOKENS window
     "window_cov_answer",    # the same for the answer's word keywords (0 without them)
-    "title_page",       # 1 for a document's first page with fewer than TITLE_PAGE_WORDS words: a cover, a title
+    "title_page",       # 1 for a document's first or last page with fewer than TITLE_PAGE_WORDS words: a (back) cover
 )
 DOCUMENT_FEATURE_NAMES = (
     "doc_rank_cos",     # ln(1 + pages of the document with a higher cos_query)
@@ -173,7 +173,9 @@ _QUERY_KIND = [FEATURE_NAMES.index("query_no_answer"), FEATURE_NAMES.index("quer
 # looked like the short expert passages that are evidence. Cross-fitted by company, 3 of
 # the 10 printed report questions that lost their first place to hybrid put the cover
 # first (p 0.36-0.55), and the cover was kept at t in 20 of the 51 held-out printed
-# pools (docs/BENCHMARKS.md 8al). A first page this short is not evidence.
+# pools (docs/BENCHMARKS.md 8al). A first page this short is not evidence; nor is a last
+# one, a back cover ("BHP Climate Transition Action Plan 27" was kept at t for "Offsets?",
+# p 0.136; 8ao). A last page is known only with its document.
 TITLE_PAGE_WORDS = 30
 _RRF_K = 60.0
 # A page whose windows read, on average, like this is a glossary: it defines the terms
@@ -711,6 +713,12 @@ class FeatureExtractor:
             rest_rows = iter(rest_features)
             page_rows = np.vstack([known[n] if n in known else next(rest_rows) for n in numbers])
             document_stems = [stems.get(t or "") or page_stems(t) for _n, t in document]
+            last = max(numbers)
+            if last > 1 and len(document_stems[numbers.index(last)]) < TITLE_PAGE_WORDS:  # a back cover
+                page_rows[numbers.index(last), _TITLE] = 1.0
+                for i in rows:
+                    if pages[i][1] == last:
+                        out[i, _TITLE] = 1.0
             standing = document_features(page_rows[:, :len(PAGE_FEATURE_NAMES)], local_bm25(terms, document_stems),
                                          document_coverage(terms, document_stems))
             pool.documents[doc_id] = np.hstack([page_rows, standing])

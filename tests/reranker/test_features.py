@@ -175,6 +175,24 @@ def test_a_short_first_page_reads_as_a_title_page(embedder):
 DOCUMENT = [(1, CONTENTS), (2, STAFF), (3, CAPEX), (4, STAFF + " Benefits and pensions.")]
 
 
+def test_a_short_last_page_reads_as_a_back_cover_only_with_its_document(embedder):
+    """title_page also marks a document's last page of fewer than TITLE_PAGE_WORDS words (a
+    back cover), in the pool's rows and its document's; not a short page before it, nor a
+    last page read without its document (whether it is the last is not known)."""
+    ext = FeatureExtractor(embedder)
+    column = FEATURE_NAMES.index("title_page")
+    back = "Acme 2023 report 5"
+    document = DOCUMENT + [(5, back)]
+    source = {"d": document, "e": DOCUMENT[:3] + [(4, back), (5, CAPEX + " " + STAFF)]}.get
+    pool = ext.pool_features(QUESTION, ANSWER, [("d", 5, back), ("d", 3, CAPEX), ("e", 4, back), ("x", 5, back)],
+                             document_source=source)
+    assert pool.rows[:, column].tolist() == [1.0, 0.0, 0.0, 0.0]
+    # (page 1, a short contents page, is a cover as before)
+    assert pool.documents["d"][:, column].tolist() == [1.0, 0.0, 0.0, 0.0, 1.0]
+    assert pool.documents["e"][:, column].tolist() == [1.0, 0.0, 0.0, 0.0, 0.0]
+    assert ext.features(QUESTION, ANSWER, [("d", 5, back)])[0, column] == 0.0  # no document: not known to be last
+
+
 def _doc_feature(row, name):
     return row[len(ROW_FEATURE_NAMES) + DOCUMENT_FEATURE_NAMES.index(name)]
 
