@@ -156,7 +156,8 @@ AFTER_FIT_PAGE_FEATURES = ("title_page",)
 # question written from one page and asked without its answer (18 words on the BHP
 # reports) wants its best page higher and the rest lower than the model gives; a
 # questionnaire question asked of any company (11 words) about what it gives
-# (docs/BENCHMARKS.md 8an: refit slopes 2.2-2.9 against 0.8-1.2).
+# (docs/BENCHMARKS.md 8an: refit slopes 2.2-2.9 against 0.8-1.2). Fitted, they shift a
+# query's probabilities by about 0.06 and earn no slope (8ao).
 CALIBRATION_FEATURES = ("doc_num_share", "doc_cov_query", "doc_len", "query_no_answer", "query_no_answer_words")
 QUESTION_WORDS_CAP = 30
 # A page's own features: PAGE_FEATURE_NAMES, then the question memory's
