@@ -13,6 +13,7 @@ evaluation, training and distillation all go through it::
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -137,8 +138,9 @@ class SearchResult:
         which = "the only candidate" if n == 1 else f"all {n} candidates"
         threshold = f" {self.config.threshold:g}" if self.config.threshold is not None else ""
         # a user sees the note in the CLI, the API and the web page: name each place t is set
-        lower = (f"a threshold below {_below(best, self.config.threshold)} keeps the best of them, 0 keeps all"
-                 if best is not None else "0 keeps all of them")
+        # rounded down, so that the value shown does keep it (a page is kept at p >= t)
+        lower = (f"a threshold of {math.floor(best * 100) / 100:g} keeps the best of them, 0 keeps all"
+                 if best is not None and best >= 0.01 else "a threshold of 0 keeps all of them")
         return (f"no page kept: {which} fell below the relevance threshold{threshold}{best_text}; {lower} "
                 "(--threshold on the command line, \"threshold\" in the API and on the web page, "
                 "EVIDENTIA_CLASSIFIER_THRESHOLD for the default)")

@@ -962,7 +962,8 @@ def test_the_note_never_shows_the_best_probability_at_the_threshold(best, thresh
                           info={"best_probability": best})
     assert f"threshold {threshold:g} (the best had {shown})" in result.note
     # and how to see them, wherever t was set
-    assert f"a threshold below {shown[2:]} keeps the best of them, 0 keeps all" in result.note
+    keeps = f"a threshold of {int(best * 100) / 100:g} keeps the best of them" if best >= 0.01 else "of 0 keeps all"
+    assert keeps in result.note
     assert "--threshold" in result.note and "EVIDENTIA_CLASSIFIER_THRESHOLD" in result.note
 
 
