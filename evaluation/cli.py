@@ -41,6 +41,17 @@ def parse_ks(spec: str) -> list[int]:
     return ks
 
 
+def refuse_pages_beyond_documents(queries_file: Path, queries, engine) -> None:
+    """Labelled pages past the end of their document: an error (exit 1) for every command
+    that reads labelled queries (eval, dataset, calibrate)."""
+    from evidentia.console import EXIT_BAD_INPUT, fail
+    from evidentia.evaluation.runner import pages_beyond_documents
+
+    beyond = pages_beyond_documents(queries, engine)
+    if beyond:
+        raise fail(f"{queries_file}: {beyond}", EXIT_BAD_INPUT)
+
+
 def fallback_warnings(config_runs) -> list[str]:
     """One line per reranking pass whose reranker fell back to the first-stage order
     on some queries: its column then scores that order, not the reranker's."""
@@ -99,8 +110,7 @@ def eval_command(
     from evidentia.console import EXIT_BACKEND, EXIT_BAD_INPUT, Context, fail  # fail(): EXIT_USAGE
     from evidentia.config import ConfigError
     from evidentia.evaluation.queries import QueriesFileError, load_queries
-    from evidentia.evaluation.runner import (UnknownDocumentsError, all_doc_ids, pages_beyond_documents, parse_compare,
-                                            run_configs, summarize)
+    from evidentia.evaluation.runner import UnknownDocumentsError, all_doc_ids, parse_compare, run_configs, summarize
     from evidentia.retriever.base import BackendError, UnknownDocumentError
 
     try:
@@ -131,9 +141,7 @@ def eval_command(
     try:
         ctx.require_documents(all_doc_ids(items), [pdf_dir] if pdf_dir else [],
                               lambda missing: str(UnknownDocumentsError(missing, pdf_dir)))
-        beyond = pages_beyond_documents(items, ctx.engine)
-        if beyond:
-            raise fail(f"{queries}: {beyond}", EXIT_BAD_INPUT)
+        refuse_pages_beyond_documents(queries, items, ctx.engine)
         config_runs = run_configs(items, configs, ctx.engine, pool_size=pool)
     except ConfigError as exc:
         raise fail(str(exc))

@@ -137,8 +137,8 @@ class SearchResult:
         n = len(self.candidates)
         which = "the only candidate" if n == 1 else f"all {n} candidates"
         threshold = f" {self.config.threshold:g}" if self.config.threshold is not None else ""
-        # a user sees the note in the CLI, the API and the web page: name each place t is set
-        # rounded down, so that the value shown does keep it (a page is kept at p >= t)
+        # the note reaches the CLI, the API and the web page: it names each place t is set, and
+        # the best p rounded down, a value that does keep that page (a page is kept at p >= t)
         lower = (f"a threshold of {math.floor(best * 100) / 100:g} keeps the best of them, 0 keeps all"
                  if best is not None and best >= 0.01 else "a threshold of 0 keeps all of them")
         return (f"no page kept: {which} fell below the relevance threshold{threshold}{best_text}; {lower} "

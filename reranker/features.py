@@ -715,8 +715,9 @@ class FeatureExtractor:
             page_rows = np.vstack([known[n] if n in known else next(rest_rows) for n in numbers])
             document_stems = [stems.get(t or "") or page_stems(t) for _n, t in document]
             last = max(numbers)
-            if last > 1 and len(document_stems[numbers.index(last)]) < TITLE_PAGE_WORDS:  # a back cover
-                page_rows[numbers.index(last), _TITLE] = 1.0
+            at = numbers.index(last)
+            if last > 1 and len(document_stems[at]) < TITLE_PAGE_WORDS:  # a back cover
+                page_rows[at, _TITLE] = 1.0
                 for i in rows:
                     if pages[i][1] == last:
                         out[i, _TITLE] = 1.0

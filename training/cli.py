@@ -19,16 +19,6 @@ def _shown_default(name: str) -> str:
     return next(f.metadata["shown"] for f in dataclasses.fields(Settings) if f.name == name)
 
 
-def _refuse_pages_beyond_documents(qs, ctx, queries: Path) -> None:
-    """Labelled pages past the end of their document: an error, as in `evidentia eval`."""
-    from evidentia.console import EXIT_BAD_INPUT, fail
-    from evidentia.evaluation.runner import pages_beyond_documents
-
-    beyond = pages_beyond_documents(qs, ctx.engine)
-    if beyond:
-        raise fail(f"{queries}: {beyond}", EXIT_BAD_INPUT)
-
-
 def _missing_message(flag: str):
     return lambda missing: f"documents not indexed: {', '.join(missing[:10])}; pass {flag}"
 
@@ -70,6 +60,7 @@ def dataset_command(
     """Build classifier training records: relevant pages and hard negatives (the --stage pool) from labelled
     queries, and ClimRetrieve passages. Held-out queries never contribute a record."""
     from evidentia.console import EXIT_BAD_INPUT, Context, fail
+    from evidentia.evaluation.cli import refuse_pages_beyond_documents
     from evidentia.evaluation.queries import QueriesFileError, load_queries
     from evidentia.evaluation.runner import all_doc_ids
     from evidentia.training.dataset import (DatasetError, dedupe, records_from_climretrieve,
@@ -103,7 +94,7 @@ def dataset_command(
                        err=True)
             qs = train_qs
         ctx.require_documents(all_doc_ids(qs), [pdf_dir] if pdf_dir else [], _missing_message("--pdf-dir"))
-        _refuse_pages_beyond_documents(qs, ctx, queries)
+        refuse_pages_beyond_documents(queries, qs, ctx.engine)
         stage = ctx.config(stage=stage, reranker="none", flags={"stage": "--stage"}).stage  # checks it too
         if document_negatives < 0:
             raise fail("--document-negatives must be 0 or more")
@@ -354,6 +345,7 @@ def calibrate_command(
 
     from evidentia.config import STAGES, ConfigError
     from evidentia.console import EXIT_BACKEND, EXIT_BAD_INPUT, Context, fail
+    from evidentia.evaluation.cli import refuse_pages_beyond_documents
     from evidentia.evaluation.queries import QueriesFileError, load_queries
     from evidentia.evaluation.runner import all_doc_ids
     from evidentia.reranker.classifier import ClassifierReranker
@@ -382,7 +374,7 @@ def calibrate_command(
         raise fail(str(exc), EXIT_BAD_INPUT)
     try:
         ctx.require_documents(all_doc_ids(qs), [pdf_dir] if pdf_dir else [], _missing_message("--pdf-dir"))
-        _refuse_pages_beyond_documents(qs, ctx, queries)
+        refuse_pages_beyond_documents(queries, qs, ctx.engine)
         reranker.attach_backend(ctx.engine.backend)  # a features model reads each page with its document
         pools, stage_names = [], []
         for name in stages:
