@@ -149,7 +149,7 @@ def search(
                    f"shown: {result.fallback_reason.removesuffix(FALLBACK_SUFFIX)}", err=True)
     if as_json:
         typer.echo(json.dumps({"pages": [
-            {"doc_id": _external([p.doc_id])[0], "page": p.page, "score": round(p.score, 6),
+            {"document_id": _external([p.doc_id])[0], "page": p.page, "score": round(p.score, 6),
              **({"probability": round(p.probability, 6)} if p.probability is not None else {}),
              "snippet": p.snippet}
             for p in result.pages
@@ -201,7 +201,7 @@ def docs(tenant: Optional[str] = typer.Option(None, "--tenant", help="Only this 
     found = library.documents(tenant)
     if as_json:
         typer.echo(json.dumps({"documents": [
-            {"tenant": d.tenant, "doc_id": d.document_id, "status": d.status, "reason": d.reason, "pages": d.pages,
+            {"tenant": d.tenant, "document_id": d.document_id, "status": d.status, "reason": d.reason, "pages": d.pages,
              "empty_pages": d.empty_pages, "languages": d.languages, "ocr_pages": d.ocr_pages,
              "unread_pages": d.unread_pages, "ocr_confidence": d.ocr_confidence}
             for d in found
@@ -274,7 +274,7 @@ def page(doc_id: str = typer.Argument(..., help="Document id (as `evidentia docs
         raise fail(f"{doc_id} has {info.pages} page{'s' if info.pages != 1 else ''}: there is no page {number}",
                    EXIT_BAD_INPUT)
     if as_json:
-        typer.echo(json.dumps({"tenant": tenant, "doc_id": doc_id, "page": number, "pages": info.pages,
+        typer.echo(json.dumps({"tenant": tenant, "document_id": doc_id, "page": number, "pages": info.pages,
                                "language": found.language, "text_source": found.text_source,
                                "ocr_confidence": found.ocr_confidence, "text": found.text}, ensure_ascii=False))
         return

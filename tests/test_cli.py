@@ -80,7 +80,7 @@ def test_index_files_and_folders_with_bad_files(cli, multilingual_pdf, bad_pdfs,
 
     docs = cli("docs", "--json")
     assert docs.exit_code == 0
-    listed = {d["doc_id"]: d["pages"] for d in json.loads(docs.stdout)["documents"]}
+    listed = {d["document_id"]: d["pages"] for d in json.loads(docs.stdout)["documents"]}
     assert listed == {"multilingual-report": 9, "water": 1}
 
 
@@ -104,8 +104,8 @@ def test_search_json_targeted_question(cli, indexed):
     assert payload["reranker"] == "none" and payload["fallback_reason"] is None
     pages = payload["pages"]
     assert len(pages) == 7
-    assert pages[0]["page"] == 2 and pages[0]["doc_id"] == indexed
-    assert {"doc_id", "page", "score", "snippet"} <= set(pages[0])
+    assert pages[0]["page"] == 2 and pages[0]["document_id"] == indexed
+    assert {"document_id", "page", "score", "snippet"} <= set(pages[0])
     scores = [p["score"] for p in pages]
     assert scores == sorted(scores, reverse=True)
     assert scores[0] > 2 * scores[1]
@@ -187,7 +187,7 @@ def test_docs_lists_documents_with_page_counts(cli, indexed, tmp_path):
     result = cli("docs", "--json")
     assert result.exit_code == 0
     documents = json.loads(result.stdout)["documents"]
-    assert [(d["tenant"], d["doc_id"], d["pages"], d["empty_pages"]) for d in documents] == [
+    assert [(d["tenant"], d["document_id"], d["pages"], d["empty_pages"]) for d in documents] == [
         ("default", "acme", 6, 1), ("default", indexed, 9, 2)]
     assert documents[0]["languages"] == {"en": 3, "fr": 1, "de": 1}
     assert [(d["ocr_pages"], d["unread_pages"]) for d in documents] == [(0, 0), (0, 1)]
@@ -330,7 +330,7 @@ def test_cli_and_api_see_the_same_documents(cli, cli_env, multilingual_pdf, tmp_
     assert "acme\tbhp-ctap\t6" in listed.stdout and "acme:" not in listed.stdout
     assert cli("docs", "--tenant", "acme").stdout.splitlines()[1:] == ["acme\tbhp-ctap\t6\t1\ten:3, fr:1, de:1"]
     hits = cli("search", "--tenant", "acme", "--doc", "bhp-ctap", "-q", "Scope 1 emissions", "--json")
-    assert hits.exit_code == 0 and json.loads(hits.stdout)["pages"][0]["doc_id"] == "bhp-ctap"
+    assert hits.exit_code == 0 and json.loads(hits.stdout)["pages"][0]["document_id"] == "bhp-ctap"
     # the default tenant has no such document
     assert cli("search", "--doc", "bhp-ctap", "-q", "Scope 1 emissions").exit_code == 1
     assert cli("delete", "--tenant", "acme", "bhp-ctap").exit_code == 0
@@ -436,7 +436,7 @@ def test_docs_lists_uploads_that_are_queued_or_failed_with_their_status(cli, cli
     assert "acme\tqueued-report\t0\t0\t-\t0\t0\tqueued" in lines
     assert any(line.startswith(f"default\t{indexed}\t9\t") and line.endswith("\tready") for line in lines)
     listed = json.loads(cli("docs", "--json", "--tenant", "acme").stdout)["documents"]
-    assert [(d["doc_id"], d["status"], d["reason"]) for d in listed] == [
+    assert [(d["document_id"], d["status"], d["reason"]) for d in listed] == [
         ("broken", "failed", "encrypted PDF (password required)"), ("queued-report", "queued", None)]
 
 
