@@ -237,6 +237,12 @@ class Settings:
                                              "retrain`", parse=path)
     retrain_interval_s: int = setting(0, "`evidentia serve` retrains this often when feedback arrived (0: off; "
                                       "or cron + `evidentia retrain`)", parse=non_negative_int)
+    # The gate keeps production only on evidence of a drop; with two held-out queries there
+    # is none either way, and a candidate trained on one tenant's few verdicts replaced the
+    # model every tenant uses (docs/BENCHMARKS.md 8ap).
+    retrain_min_heldout_queries: int = setting(10, "held-out feedback queries needed before `evidentia retrain` "
+                                               "promotes a candidate (fewer: registered, not promoted)",
+                                               parse=non_negative_int)
     # -- validation API (`evidentia serve`)
     admin_key: str | None = setting(None, "enables the admin endpoints (keys over HTTP)")
     max_upload_bytes: int = setting(50 * 1024 * 1024, "larger uploads get 413", parse=positive_int)

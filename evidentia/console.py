@@ -44,6 +44,17 @@ def fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
     return typer.Exit(code)
 
 
+def require_files(*named: tuple[str, Path | None]) -> None:
+    """Fail (exit 1) on the first (option, path) whose path is missing or a folder, worded
+    as `eval` words it and before any work: the readers' OSError read "[Errno 2] No such
+    file or directory: '...'"."""
+    for name, path in named:
+        if path is not None and not path.exists():
+            raise fail(f"{name} {path}: no such file", EXIT_BAD_INPUT)
+        if path is not None and path.is_dir():
+            raise fail(f"{name} {path}: is a folder, not a JSONL file", EXIT_BAD_INPUT)
+
+
 class Context:
     """The engine of one CLI command, opened lazily so that `--help` needs no index;
     setting and backend errors become one `error:` line and an exit code."""

@@ -71,6 +71,10 @@ class ModelEntry:
     promoted: bool = False  # ever promoted to production
     production: bool = False  # in production now
     note: str = ""
+    # What it is now, from the events: "in production", "rolled back" (taken out of production
+    # by a rollback), "replaced" (by the promotion of another), "never promoted"; "promoted"
+    # where the history does not say what followed. `promoted` alone stays true after a rollback.
+    status: str = "never promoted"
 
 
 def _now() -> str:
@@ -142,6 +146,7 @@ class ModelRegistry:
             promoted=bool(info.get("promoted")),
             production=state.get("production") == version,
             note=info.get("note", ""),
+            status=_status(version, bool(info.get("promoted")), state),
         )
 
     # -- changes -------------------------------------------------------------
@@ -206,6 +211,23 @@ class ModelRegistry:
             state["production"] = previous
             state["events"].append({"at": _now(), "event": "rolled back", "version": previous, "from": current})
         return self.production()
+
+
+def _status(version: str, promoted: bool, state: dict) -> str:
+    """ModelEntry.status: the last event that put ``version`` in or out of production says it."""
+    if state.get("production") == version:
+        return "in production"
+    if not promoted:
+        return "never promoted"
+    status = "promoted"
+    for event in state.get("events", []):
+        if event["event"] == "promoted" and event.get("previous") == version and event["version"] != version:
+            status = "replaced"
+        elif event["event"] == "rolled back" and event.get("from") == version:
+            status = "rolled back"
+        elif event["event"] in ("promoted", "rolled back") and event["version"] == version:
+            status = "promoted"  # in production again (then replaced or rolled back, or the file is inconsistent)
+    return status
 
 
 def _same_fs(a: Path, b: Path) -> bool:

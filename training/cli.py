@@ -176,7 +176,7 @@ def train_command(
 ):
     """Train the classifier reranker: LoRA on all linear layers (4-bit QLoRA on a GPU), head fully trained;
     or (--kind features) the feature-based relevance model."""
-    from evidentia.console import EXIT_BAD_INPUT, fail
+    from evidentia.console import EXIT_BAD_INPUT, fail, require_files
     from evidentia.config import Settings
     from evidentia.library import Library, LibraryError
     from evidentia.reranker.classifier_model import ModelLoadError
@@ -190,6 +190,7 @@ def train_command(
             raise fail(f"{name} must be positive")
     if epochs <= 0 or not 0.0 <= eval_fraction < 1.0:
         raise fail("--epochs must be positive and --eval-fraction in [0, 1)")
+    require_files(("--data", data))
     try:
         records = read_records(data)
     except (DatasetError, OSError) as exc:

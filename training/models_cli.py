@@ -35,9 +35,11 @@ def retrain_command(
                                        "lora (fine-tune --base-model; QLoRA on a GPU); default: the kind of the "
                                        "model in use."),
 ):
-    """Train a candidate from feedback + base data, evaluate it against production on held-out
-    documents, and promote it only if P@3 does not drop and ECE does not worsen beyond the margin."""
-    from evidentia.console import EXIT_BAD_INPUT, Context, fail
+    """Train a candidate from feedback + base data and evaluate it against production on held-out
+    documents. It is promoted when at least EVIDENTIA_RETRAIN_MIN_HELDOUT_QUERIES held-out queries judge it
+    and they do not show it worse: P@3 lower in 90 % or more of paired resamples of the held-out documents,
+    or ECE worse by more than --ece-margin."""
+    from evidentia.console import EXIT_BAD_INPUT, Context, fail, require_files
     from evidentia.library import Library, LibraryError
     from evidentia.reranker.classifier_model import ModelLoadError
     from evidentia.reranker.model_registry import RegistryError
@@ -59,6 +61,9 @@ def retrain_command(
         tenant = library.tenant(tenant)
     except LibraryError as exc:
         raise fail(f"--tenant: {exc}")
+    base = base_data or ctx.settings.retrain_base_data
+    base_name = "--base-data" if base_data else "EVIDENTIA_RETRAIN_BASE_DATA"
+    require_files(("--feedback", feedback), (base_name, base))  # the base data's too, before the feedback is read
     try:
         verdicts = (verdicts_from_records(read_records(feedback), tenant) if feedback else
                     verdicts_from_store(ctx.settings))
@@ -73,7 +78,6 @@ def retrain_command(
         if missing:
             raise fail(missing_documents_message(library, tenant, [split_internal_id(d)[1] for d in missing],
                                                  "--feedback"), EXIT_BAD_INPUT)
-    base = base_data or ctx.settings.retrain_base_data
     options = RetrainOptions(base_model=base_model, epochs=epochs, learning_rate=learning_rate, max_steps=max_steps,
                              held_out_fraction=held_out_fraction, ece_margin=ece_margin, kind=kind)
     try:
@@ -91,7 +95,8 @@ def retrain_command(
 
 @models_app.command("list")
 def models_list(as_json: bool = typer.Option(False, "--json")):
-    """Every trained model with its metadata; * marks production."""
+    """Every trained model with its metadata and what it is now (in production, rolled back, replaced,
+    never promoted); * marks production."""
     from evidentia.console import Context
     from evidentia.reranker.model_registry import registry_for
 
@@ -106,7 +111,7 @@ def models_list(as_json: bool = typer.Option(False, "--json")):
         held = e.metrics.get("held_out") or {}
         typer.echo(f"{'*' if e.production else ' '} {e.version}  {e.created}  base={e.base_model}  "
                    f"data={e.data_sha256[:12]}  P@3={held.get('P@3')}  ECE={held.get('ECE')}  "
-                   f"{'promoted' if e.promoted else 'never promoted'}")
+                   f"{e.status}")  # `promoted` stays true after a rollback: the registry's history says more
 
 
 @models_app.command("promote")

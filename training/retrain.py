@@ -6,7 +6,9 @@ One round:
 2. verdicts are grouped into queries (question + answer) and split by document:
    a document is held out when a seeded hash of its id says so, so the split is
    the same in every round and a held-out document never reaches training, not
-   even through the base training data;
+   even through the base training data; a query asked of several documents (one
+   supplier's reports) is split with them: its verdicts on the held-out ones are
+   judged, those on the others trained on;
 3. training set = base records (held-out documents removed) + the training
    queries' verdicts + hard negatives from the pools of the first stage the
    reranker sits behind (EVIDENTIA_STAGE) and random other pages of their
@@ -17,7 +19,8 @@ One round:
    metrics (P@3 over the pool, ECE over its labelled pages);
 5. the candidate is promoted unless the held-out queries show it worse: P@3 lower
    in at least GATE_DROP_CONFIDENCE of paired resamples of their documents, or ECE worse by
-   more than ``ece_margin``; otherwise production stays and the reason is given.
+   more than ``ece_margin``, or there are too few of them to show anything
+   (EVIDENTIA_RETRAIN_MIN_HELDOUT_QUERIES); otherwise production stays and the reason is given.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import hashlib
 import json
 import tempfile
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
@@ -107,6 +110,17 @@ def verdict_queries(resolved: dict[tuple[str, str, str, int], bool]) -> list[Eva
     return out
 
 
+def _query_on(query: EvalQuery, held_docs: set[str], held: bool) -> EvalQuery | None:
+    """The part of ``query`` on its held-out documents (``held``) or on the others; None if it has none."""
+    docs = tuple(d for d in query.doc_ids if (d in held_docs) == held)
+    if not docs:
+        return None
+    if docs == query.doc_ids:
+        return query
+    return replace(query, doc_ids=docs, relevant=frozenset(x for x in query.relevant if x[0] in docs),
+                   partly_relevant=frozenset(x for x in query.partly_relevant if x[0] in docs))
+
+
 @dataclass
 class SplitData:
     train_records: list[TrainingRecord]
@@ -125,10 +139,12 @@ def build_training_set(verdicts: Sequence[Verdict], base_records: Sequence[Train
     # out would only take its records from the candidate (a third of them, by hash)
     docs = {d for q in queries for d in q.doc_ids}
     held_docs = held_out_documents(docs, held_out_fraction, seed)
-    # a query touching any held-out document is held out: none of its pages may train,
-    # nor a base record of that document
-    held = [q for q in queries if set(q.doc_ids) & held_docs]
-    train_qs = [q for q in queries if not set(q.doc_ids) & held_docs]
+    # No page of a held-out document may train, nor a base record of it. A query asked of
+    # several documents is split with them: held out whole, one supplier's two reports
+    # asked the same questions left nothing to train on but the other report's "not
+    # relevant" verdicts (docs/BENCHMARKS.md 8ap).
+    held = [part for q in queries if (part := _query_on(q, held_docs, True)) is not None]
+    train_qs = [part for q in queries if (part := _query_on(q, held_docs, False)) is not None]
     records: list[TrainingRecord] = [r for r in base_records if r.doc_id not in held_docs]
     # explicit "not relevant" verdicts are the hardest negatives there are; they come
     # before the queries' records, so that dedupe keeps them (the first of equals wins)
@@ -242,14 +258,22 @@ def drop_confidence(candidate: Sequence[float], production: Sequence[float], doc
 
 
 def gate(candidate: ModelScore, production: ModelScore, ece_margin: float = 0.02,
-         drop_confidence_needed: float = GATE_DROP_CONFIDENCE) -> GateDecision:
+         drop_confidence_needed: float = GATE_DROP_CONFIDENCE, min_queries: int = 0) -> GateDecision:
     """Promote unless the held-out queries show the candidate worse: P@3 lower in at
     least ``drop_confidence_needed`` of paired resamples of their documents (any drop,
-    without per-query scores), or ECE worse by more than ``ece_margin``."""
+    without per-query scores), or ECE worse by more than ``ece_margin``; and not on
+    fewer than ``min_queries`` of them (EVIDENTIA_RETRAIN_MIN_HELDOUT_QUERIES), which
+    can show no drop either way."""
     if candidate.queries == 0:
         return GateDecision(False, "no held-out feedback query to evaluate on: production kept",
                             candidate.as_dict(), production.as_dict())
     cp, pp = candidate.p_at_3 or 0.0, production.p_at_3 or 0.0
+    if candidate.queries < min_queries:
+        return GateDecision(False, f"only {candidate.queries} held-out feedback quer"
+                            f"{'y' if candidate.queries == 1 else 'ies'} to judge it (P@3 {pp:.3f} -> {cp:.3f}); "
+                            f"promotion needs {min_queries} (EVIDENTIA_RETRAIN_MIN_HELDOUT_QUERIES): production kept, "
+                            "the candidate registered (`evidentia models promote VERSION` to use it anyway)",
+                            candidate.as_dict(), production.as_dict())
     noise = ""
     if cp + 1e-9 < pp:
         paired = len(candidate.per_query_p3) == len(production.per_query_p3) == candidate.queries
@@ -342,12 +366,12 @@ def retrain(verdicts: Sequence[Verdict], base_records: Sequence[TrainingRecord],
             if recipe != TrainingRecipe():
                 log(f"the recipe of the model in use: {json.dumps(recipe.to_dict())}")
 
-            verdict_docs = {d for q in data.train_queries for d in q.doc_ids}
+            verdict_docs = frozenset(d for q in data.train_queries for d in q.doc_ids)
             # t must keep the evidence of the analysts' queries and of the base data's
             # apart: 40 report queries graded page by page outvoted 34 filings' pooled,
             # and t rose from 0.07 to 0.195 (docs/BENCHMARKS.md 8ab)
             train_features(data.train_records, out, base_model=base_model, data_sha256=digest, seed=seed, log=log,
-                           backend=engine.backend, recipe=recipe,
+                           backend=engine.backend, recipe=recipe, own_docs=verdict_docs,
                            threshold_group=lambda doc_id: "verdicts" if doc_id in verdict_docs else "base")
             candidate = load_reranker(out)
         else:
@@ -363,7 +387,8 @@ def retrain(verdicts: Sequence[Verdict], base_records: Sequence[TrainingRecord],
         for name, score in (("candidate", cand_score), ("production", prod_score)):
             if score.at_threshold():
                 log(f"{name} on the held-out queries: {score.at_threshold()}")
-        decision = gate(cand_score, prod_score, ece_margin)
+        decision = gate(cand_score, prod_score, ece_margin,
+                        min_queries=engine.settings.retrain_min_heldout_queries)
         entry = registry.register(out, note=decision.reason)
     registry_metrics = {"held_out": decision.candidate, "production_on_same_split": decision.production}
     log(f"candidate {entry.version}: {decision.reason}")

@@ -150,7 +150,8 @@ def query_adapter_pools(records: Sequence[TrainingRecord], extractor: FeatureExt
     return out
 
 
-def document_families(records: Sequence[TrainingRecord], linked_prefixes: Sequence[str] = ()) -> list[str]:
+def document_families(records: Sequence[TrainingRecord], linked_prefixes: Sequence[str] = (),
+                      unlinked: frozenset[str] = frozenset()) -> list[str]:
     """Each record's document family: documents that share an answered query (the same
     question and answer judged in both) are one, so that folds keep them together; so are
     the documents whose id starts with one of ``linked_prefixes`` (one company's reports:
@@ -168,7 +169,7 @@ def document_families(records: Sequence[TrainingRecord], linked_prefixes: Sequen
     for r in records:
         doc = r.doc_id or ""
         find(doc)
-        for prefix in linked_prefixes:
+        for prefix in () if doc in unlinked else linked_prefixes:  # unlinked: documents no prefix names
             if doc.startswith(prefix):
                 a, b = find(doc), find(first_linked.setdefault(prefix, doc))
                 if a != b:
@@ -258,7 +259,8 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
                    log: Callable[[str], None] = print, embedder=None,
                    answerless_copies: bool = True, backend=None,
                    recipe: TrainingRecipe = TrainingRecipe(),
-                   threshold_group: Callable[[str], str] | None = None) -> ModelMetadata:
+                   threshold_group: Callable[[str], str] | None = None,
+                   own_docs: frozenset[str] = frozenset()) -> ModelMetadata:
     """``backend``: an index holding the records' pages (doc_id, page): their window
     vectors are read from it instead of computed (same numbers, much faster), and
     the document features of a record are computed over all pages of its document
@@ -269,7 +271,10 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
     question's (one company's reports, whose pages teach what a page says but whose
     questions are no other supplier's). ``threshold_group``: a query's group for the
     threshold rule, from its document id (`evidentia retrain`: the base data and the
-    analysts' verdicts), so that t keeps the evidence of each (choose_threshold)."""
+    analysts' verdicts), so that t keeps the evidence of each (choose_threshold).
+    ``own_docs``: documents the recipe's prefixes never name (`evidentia retrain`: the
+    analysts' documents; the prefixes name the base data's, and a supplier's report
+    whose id happens to start with ``BHP_`` is not the benchmark's)."""
     from evidentia.retriever.dense import PageEmbedder
 
     if not records:
@@ -293,8 +298,11 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
     # calibration alone: scored by the fitted model, as a new supplier's pages are, they
     # set how probable such a document's pages are without moving any page's place in
     # its document, the memory, the term statistics, the adapter or the folds.
-    calibration_only = [r for r in records if _has_prefix(r.doc_id, recipe.calibration_only_docs)]
-    records = [r for r in records if not _has_prefix(r.doc_id, recipe.calibration_only_docs)]
+    def named(doc_id: str | None, prefixes: tuple[str, ...]) -> bool:
+        return doc_id not in own_docs and _has_prefix(doc_id, prefixes)
+
+    calibration_only = [r for r in records if named(r.doc_id, recipe.calibration_only_docs)]
+    records = [r for r in records if not named(r.doc_id, recipe.calibration_only_docs)]
     if not records:
         raise FeatureModelError("no training records outside --calibration-only-docs")
     texts = {r.page_text for r in records}
@@ -311,13 +319,13 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
     groups = [r.doc_id or "" for r in records]
     # the memory holds the pages judged for a question in its own documents
     def unremembered(doc_id: str | None) -> bool:
-        return _has_prefix(doc_id, recipe.memory_exclude_docs)
+        return named(doc_id, recipe.memory_exclude_docs)
 
     entries = memory_entries([r for r in records if r.source != FOREIGN_SOURCE and not unremembered(r.doc_id)],
                              extractor, vectors)
     x = np.zeros((len(records), len(FEATURE_NAMES)))
     pages_of_documents: dict[tuple[str, str, str], np.ndarray] = {}
-    folds = fold_of_groups(document_families(records, recipe.memory_family_docs), MEMORY_FOLDS, seed)
+    folds = fold_of_groups(document_families(records, recipe.memory_family_docs, own_docs), MEMORY_FOLDS, seed)
     # without folds the records' features are computed with no adapter, and the model keeps none
     adapter_pools = []
     if len(set(groups)) >= 2:
@@ -398,7 +406,7 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
         answered = any(r.answer.strip() for r in records)
         skipped = recipe.threshold_skip_docs
         for i, r in enumerate(records):
-            if _has_prefix(r.doc_id, skipped):
+            if named(r.doc_id, skipped):
                 continue  # pools unlike a first stage's (e.g. ClimRetrieve: every page on-topic)
             if r.source == FOREIGN_SOURCE:
                 continue  # another document's pages: not in the pool of the query's own documents

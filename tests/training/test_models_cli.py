@@ -82,3 +82,84 @@ def test_help_texts_say_what_the_commands_do():
     calibrate = help_of("calibrate")
     assert "a features model's becomes P(relevant | its logit)" in calibrate
     assert "the place in the pool is never used" in calibrate
+
+
+def test_models_list_json_says_what_each_version_is_after_a_rollback(cli_env, tmp_path):
+    """A rolled-back version kept "promoted": true (it was promoted once) and nothing said it was
+    rolled back; "status" says what each is now, the other fields unchanged."""
+    import shutil
+
+    from evidentia.reranker.classifier_model import SHIPPED_MODEL_DIR
+    from evidentia.reranker.model_registry import registry_for
+
+    registry = registry_for(cli_env)
+    for n in range(4):
+        registry.register(shutil.copytree(SHIPPED_MODEL_DIR, tmp_path / f"candidate-{n}"))
+
+    def listed() -> dict[str, tuple]:
+        result = invoke("models", "list", "--json")
+        assert result.exit_code == 0, result.output
+        return {e["version"]: (e["promoted"], e["production"], e["status"]) for e in json.loads(result.stdout)}
+
+    for version in ("v0001", "v0002", "v0003"):
+        assert invoke("models", "promote", version).exit_code == 0
+    assert invoke("models", "rollback").stdout.strip() == "v0002 is in production"
+    assert listed() == {"v0001": (True, False, "replaced"), "v0002": (True, True, "in production"),
+                        "v0003": (True, False, "rolled back"), "v0004": (False, False, "never promoted")}
+    assert invoke("models", "rollback").stdout.strip() == "v0001 is in production"
+    assert invoke("models", "rollback").stdout.strip() == "back to the default model"
+    assert {v: s for v, (_, _, s) in listed().items()} == {
+        "v0001": "rolled back", "v0002": "rolled back", "v0003": "rolled back", "v0004": "never promoted"}
+    assert invoke("models", "promote", "v0003").exit_code == 0  # by hand, after its rollback
+    assert listed()["v0003"] == (True, True, "in production")
+
+
+def test_models_list_says_a_rolled_back_version_is_rolled_back(cli_env, tmp_path):
+    """It said "promoted", only the * of production gone."""
+    import shutil
+
+    from evidentia.reranker.classifier_model import SHIPPED_MODEL_DIR
+    from evidentia.reranker.model_registry import registry_for
+
+    for n in range(3):
+        registry_for(cli_env).register(shutil.copytree(SHIPPED_MODEL_DIR, tmp_path / f"candidate-{n}"))
+    for version in ("v0001", "v0002"):
+        assert invoke("models", "promote", version).exit_code == 0
+    assert invoke("models", "rollback").exit_code == 0
+    lines = invoke("models", "list").stdout.splitlines()
+    assert len(lines) == 3
+    assert lines[0].startswith("* v0001 ") and lines[0].endswith("  in production")
+    assert lines[1].startswith("  v0002 ") and lines[1].endswith("  rolled back")
+    assert lines[2].startswith("  v0003 ") and lines[2].endswith("  never promoted")
+
+
+def test_retrain_help_says_what_the_gate_does():
+    from evidentia.training.retrain import GATE_DROP_CONFIDENCE
+
+    text = " ".join(CliRunner().invoke(app, ["retrain", "--help"], terminal_width=200).output.split())
+    assert "only if P@3 does not drop" not in text  # it promotes on a drop within the resamples' noise
+    assert (f"P@3 lower in {GATE_DROP_CONFIDENCE * 100:.0f} % or more of paired resamples of the held-out "
+            "documents, or ECE worse by more than --ece-margin") in text
+    assert "at least EVIDENTIA_RETRAIN_MIN_HELDOUT_QUERIES held-out queries judge it" in text
+
+
+def test_retrain_names_a_missing_file_as_eval_does(exported, tmp_path, monkeypatch):
+    """It printed "error: [Errno 2] No such file or directory: '...'"; the base data's only
+    after the feedback was read and its documents checked."""
+    missing = tmp_path / "missing.jsonl"
+    eval_says = invoke("eval", "--queries", missing)
+    assert error_lines(eval_says.stderr) == [f"error: {missing}: no such file"]
+    feedback = ["--feedback", exported, "--tenant", "acme"]
+    cases = [(["--feedback", missing], f"--feedback {missing}: no such file"),
+             ([*feedback, "--base-data", missing], f"--base-data {missing}: no such file"),
+             ([*feedback, "--base-data", tmp_path], f"--base-data {tmp_path}: is a folder, not a JSONL file")]
+    for args, message in cases:
+        result = invoke("retrain", *args, "--kind", "features")
+        assert result.exit_code == eval_says.exit_code == 1, result.output
+        assert result.stderr.strip() == f"error: {message}"
+    monkeypatch.setenv("EVIDENTIA_RETRAIN_BASE_DATA", str(missing))
+    result = invoke("retrain", *feedback, "--kind", "features")
+    assert result.exit_code == 1
+    assert result.stderr.strip() == f"error: EVIDENTIA_RETRAIN_BASE_DATA {missing}: no such file"
+    trained = invoke("train", "--data", missing, "--out", tmp_path / "model")  # the same words for `train`
+    assert trained.exit_code == 1 and trained.stderr.strip() == f"error: --data {missing}: no such file"

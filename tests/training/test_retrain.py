@@ -24,3 +24,16 @@ def test_gate_says_what_its_document_count_counts():
     assert not decision.promote
     assert decision.reason == ("P@3 would drop from 0.667 to 0.000 (lower in 100% of resamples of the 2 held-out "
                                "queries in 1 group(s) by first document): production kept")
+
+
+def test_gate_does_not_promote_on_too_few_held_out_queries():
+    """Two held-out queries show no drop either way; a candidate trained on one tenant's
+    few verdicts replaced the model every tenant uses (docs/BENCHMARKS.md 8ap)."""
+    better = ModelScore(0.667, 1.0, 0.1, 2)
+    production = ModelScore(0.333, 1.0, 0.1, 2)
+    assert gate(better, production).promote  # no minimum asked for
+    decision = gate(better, production, min_queries=10)
+    assert not decision.promote
+    assert decision.reason.startswith("only 2 held-out feedback queries to judge it (P@3 0.333 -> 0.667); "
+                                      "promotion needs 10 (EVIDENTIA_RETRAIN_MIN_HELDOUT_QUERIES)")
+    assert gate(ModelScore(0.667, 1.0, 0.1, 10), ModelScore(0.333, 1.0, 0.1, 10), min_queries=10).promote
