@@ -26,7 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePath
 from typing import Any, Iterator, Sequence
 
-SCHEMA_VERSION = 3  # 2: documents.ocr; 3: attempts and next_* (re-index while serving)
+SCHEMA_VERSION = 4  # 2: documents.ocr; 3: attempts and next_* (re-index while serving); 4: validations.generations
 # Columns added after version 1 (ALTER TABLE on open; a version-1 store is upgraded in place).
 # attempts: starts of the current upload's indexing (bounded: a file that kills the server is not
 # retried forever); next_*: a re-upload of a ready document, indexed while the ready version is served.
@@ -40,6 +40,17 @@ ADDED_DOCUMENT_COLUMNS = {
     "next_status": "TEXT",
     "next_reason": "TEXT",
 }
+
+# Columns added to validations after version 3. generations: {document_id: generation} of the
+# documents a validation searched, so that feedback on it is refused once one of them is re-indexed
+# (its page text is then another file's). NULL on a validation written before version 4.
+ADDED_VALIDATION_COLUMNS = {"generations": "TEXT"}
+
+# Verdicts kept per page of one validation (distinct analysts). Each verdict copies the page's text
+# (up to ~100 KB) so that the export survives a re-upload; unbounded, 3000 analyst names on one page
+# grew the store by 273 MB. A page of one search reviewed by more than this many people is a flood,
+# not review. A constant: Settings has no per-request storage limits to sit beside.
+MAX_VERDICTS_PER_PAGE = 20
 
 # \Z, not $: "$" also matches before a final newline, and "evil\n" passed as an id (an
 # HTTP Location header cannot hold it; the upload was stored and never answered)
@@ -109,7 +120,8 @@ CREATE TABLE IF NOT EXISTS validations (
     pages TEXT NOT NULL,
     model_version TEXT,
     fallback_reason TEXT,
-    created TEXT NOT NULL
+    created TEXT NOT NULL,
+    generations TEXT
 );
 CREATE INDEX IF NOT EXISTS validations_tenant ON validations (tenant, created);
 CREATE TABLE IF NOT EXISTS feedback (
@@ -140,6 +152,15 @@ def uploads_dir(data_dir: Path) -> Path:
 
 class StoreError(RuntimeError):
     """The store cannot be opened or has another schema version."""
+
+
+class FeedbackRefused(Exception):
+    """A verdict the store will not keep: ``code`` says why (document_gone,
+    document_changed, too_many_verdicts, validation_not_found)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def now() -> str:
@@ -223,6 +244,9 @@ class ValidationRow:
     model_version: str | None
     fallback_reason: str | None
     created: str
+    # {document_id: generation} searched; None: add_validation records the documents' current ones
+    # (and a validation stored before schema version 4 has none)
+    generations: dict[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -260,7 +284,7 @@ class Store:
             self._conn.execute("PRAGMA foreign_keys=ON")
             self._conn.execute("PRAGMA busy_timeout=10000")
             version = self._conn.execute("PRAGMA user_version").fetchone()[0]
-            if version not in (0, 1, 2, SCHEMA_VERSION):
+            if version not in (0, 1, 2, 3, SCHEMA_VERSION):
                 raise StoreError(f"{self.path} has schema version {version}, this Evidentia needs "
                                  f"{SCHEMA_VERSION}")
             # CREATE ... IF NOT EXISTS: idempotent, so a crash half-way is redone next start
@@ -269,6 +293,16 @@ class Store:
             for column, decl in ADDED_DOCUMENT_COLUMNS.items():
                 if column not in have:
                     self._conn.execute(f"ALTER TABLE documents ADD COLUMN {column} {decl}")
+            have = {r[1] for r in self._conn.execute("PRAGMA table_info(validations)").fetchall()}
+            for column, decl in ADDED_VALIDATION_COLUMNS.items():
+                if column not in have:
+                    self._conn.execute(f"ALTER TABLE validations ADD COLUMN {column} {decl}")
+            if 0 < version < 4:
+                # feedback a delete raced past before version 4 (post_feedback inserted after the
+                # delete's transaction): it holds a deleted document's page text, which a delete
+                # promises to remove. One statement: atomic, and redone if the version is not yet set.
+                self._conn.execute("DELETE FROM feedback WHERE NOT EXISTS (SELECT 1 FROM documents d "
+                                   "WHERE d.tenant = feedback.tenant AND d.document_id = feedback.document_id)")
             self._conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open the store {self.path}: {exc}") from None
@@ -511,12 +545,24 @@ class Store:
 
     # -- validations ---------------------------------------------------------
     def add_validation(self, v: ValidationRow) -> None:
+        """Store a validation with the generation of each document it searched: feedback on
+        it is refused once a document is re-indexed (add_feedback)."""
         with self._tx() as c:
+            generations = v.generations
+            if generations is None:
+                # read right after the search; a re-upload promoted in the milliseconds between
+                # the two is not seen (the caller may pass the generations it searched instead)
+                marks = ",".join("?" * len(v.document_ids))
+                rows = c.execute(f"SELECT document_id, generation FROM documents WHERE tenant = ? "
+                                 f"AND document_id IN ({marks})", (v.tenant, *v.document_ids)).fetchall()
+                generations = {r["document_id"]: r["generation"] for r in rows}
             c.execute(
                 "INSERT INTO validations (validation_id, tenant, question, answer, document_ids, reranker, threshold, "
-                "top_k, pages, model_version, fallback_reason, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "top_k, pages, model_version, fallback_reason, created, generations) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (v.validation_id, v.tenant, v.question, v.answer, json.dumps(v.document_ids), v.reranker, v.threshold,
-                 v.top_k, json.dumps(v.pages), v.model_version, v.fallback_reason, v.created),
+                 v.top_k, json.dumps(v.pages), v.model_version, v.fallback_reason, v.created,
+                 json.dumps(generations)),
             )
 
     def get_validation(self, tenant: str, validation_id: str) -> ValidationRow | None:
@@ -529,6 +575,7 @@ class Store:
             document_ids=json.loads(r["document_ids"]), reranker=r["reranker"], threshold=r["threshold"],
             top_k=r["top_k"], pages=json.loads(r["pages"]), model_version=r["model_version"],
             fallback_reason=r["fallback_reason"], created=r["created"],
+            generations=json.loads(r["generations"]) if r["generations"] is not None else None,
         )
 
     def count_validations(self, tenant: str | None = None) -> int:
@@ -538,24 +585,62 @@ class Store:
 
     # -- feedback ------------------------------------------------------------
     def add_feedback(self, tenant: str, validation_id: str, document_id: str, page: int, relevant: bool,
-                     analyst: str, page_text: str) -> FeedbackRow:
-        """One judgement per (validation, page, analyst): a second one replaces the first."""
-        ts = now()
+                     analyst: str, page_text: str, generation: str) -> FeedbackRow:
+        """One judgement per (validation, page, analyst): a second one replaces the first
+        and, stored as a new row, moves to the end of the export (its order is the order of
+        the verdicts' last updates, which the tie rule of retraining reads).
+        ``page_text`` is the page as read from the document's upload ``generation``.
+        Raises FeedbackRefused, checked in the insert's own transaction so that a delete or
+        a re-index cannot come in between: document_gone when the document was deleted (a
+        delete removes its feedback in one transaction: a verdict inserted after it would
+        outlive it), document_changed when it is no longer the upload the validation
+        searched, or the text was read from another one, too_many_verdicts past
+        MAX_VERDICTS_PER_PAGE analysts on the page."""
         with self._tx() as c:
-            c.execute(
-                "INSERT INTO feedback (validation_id, tenant, document_id, page, relevant, analyst, page_text, created) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (validation_id, document_id, page, analyst) "
-                "DO UPDATE SET relevant = excluded.relevant, page_text = excluded.page_text, created = excluded.created",
+            doc = c.execute("SELECT generation, updated FROM documents WHERE tenant = ? AND document_id = ?",
+                            (tenant, document_id)).fetchone()
+            if doc is None:
+                raise FeedbackRefused("document_gone", f"document {document_id} was deleted since the validation")
+            v = c.execute("SELECT generations, created FROM validations WHERE tenant = ? AND validation_id = ?",
+                          (tenant, validation_id)).fetchone()
+            if v is None:
+                raise FeedbackRefused("validation_not_found", f"no validation {validation_id!r}")
+            if v["generations"] is not None:
+                searched = json.loads(v["generations"]).get(document_id)
+                changed = searched != doc["generation"]
+            else:
+                # written before schema version 4: accepted only when nothing touched the
+                # document since the validation (then it is the same upload for sure)
+                changed = doc["updated"] > v["created"]
+            if changed or generation != doc["generation"]:
+                raise FeedbackRefused("document_changed", f"document {document_id} was uploaded again and "
+                                      f"re-indexed since validation {validation_id}: its pages are another file's; "
+                                      f"validate again and give feedback on that validation")
+            old = c.execute("SELECT id FROM feedback WHERE validation_id = ? AND document_id = ? AND page = ? "
+                            "AND analyst = ?", (validation_id, document_id, page, analyst)).fetchone()
+            if old is not None:
+                c.execute("DELETE FROM feedback WHERE id = ?", (old["id"],))
+            else:
+                count = c.execute("SELECT COUNT(*) FROM feedback WHERE validation_id = ? AND document_id = ? "
+                                  "AND page = ?", (validation_id, document_id, page)).fetchone()[0]
+                if count >= MAX_VERDICTS_PER_PAGE:
+                    raise FeedbackRefused("too_many_verdicts", f"page {page} of {document_id} already has verdicts "
+                                          f"from {count} analysts in validation {validation_id}, the most kept; "
+                                          f"an analyst who gave one may still change it")
+            # the time is taken under the lock: verdicts' times follow their order (ids)
+            ts = now()
+            cur = c.execute(
+                "INSERT INTO feedback (validation_id, tenant, document_id, page, relevant, analyst, page_text, "
+                "created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (validation_id, tenant, document_id, page, int(relevant), analyst, page_text, ts),
             )
-            row = c.execute("SELECT * FROM feedback WHERE validation_id = ? AND document_id = ? AND page = ? "
-                            "AND analyst = ?", (validation_id, document_id, page, analyst)).fetchone()
+            row = c.execute("SELECT * FROM feedback WHERE id = ?", (cur.lastrowid,)).fetchone()
         return FeedbackRow(row["id"], row["validation_id"], row["document_id"], row["page"], bool(row["relevant"]),
                            row["analyst"], row["page_text"], row["created"])
 
     def iter_feedback(self, tenant: str, batch: int = 500) -> Iterator[FeedbackRow]:
-        """The tenant's feedback joined with its validation, oldest first, read in
-        batches so a long export never holds the lock for long."""
+        """The tenant's feedback joined with its validation, in the order of the verdicts'
+        last updates, read in batches so a long export never holds the lock for long."""
         last = 0
         while True:
             rows = self._query(

@@ -215,35 +215,76 @@ def write_records(records: Sequence[TrainingRecord], path: Path) -> str:
 REQUIRED = {"question": str, "answer": str, "page_text": str, "relevance": int}
 
 
+# The index stores a page number as a 32-bit integer (es_mappings/pages.json).
+MAX_PAGE = 2 ** 31 - 1
+TEXT_FIELDS = ("question", "answer", "page_text", "doc_id", "source")
+
+
+def _lone_surrogate(text: str) -> str | None:
+    """The first lone surrogate of ``text`` (JSON "\\ud800" decodes to one), which no
+    UTF-8 writer accepts: a record holding one failed later, with a traceback."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return text[exc.start]
+    return None
+
+
 def read_records(path: Path) -> list[TrainingRecord]:
     out = []
     with open(path, encoding="utf-8") as fh:
-        for n, obj in json_objects(fh, str(path), DatasetError):
-            for key, typ in REQUIRED.items():
-                if key not in obj:
-                    raise DatasetError(f"{path}, line {n}: missing field {key!r}")
-                if not isinstance(obj[key], typ) or isinstance(obj[key], bool):
-                    raise DatasetError(f"{path}, line {n}: field {key!r} must be {typ.__name__}")
-            if obj["relevance"] not in (0, 1):
-                raise DatasetError(f"{path}, line {n}: relevance must be 0 or 1, not {obj['relevance']}")
-            soft = obj.get("soft_label")
-            if soft is not None:
-                if not isinstance(soft, (int, float)) or isinstance(soft, bool) or not 0.0 <= soft <= 1.0:
-                    raise DatasetError(f"{path}, line {n}: soft_label must be a number between 0 and 1 "
-                                       f"(or null), not {json.dumps(soft)}")
-                soft = float(soft)
-            weight = obj.get("weight")
-            if weight is not None:
-                if not isinstance(weight, (int, float)) or isinstance(weight, bool) or not 0.0 < weight < float("inf"):
-                    raise DatasetError(f"{path}, line {n}: weight must be a positive number (or null), "
-                                       f"not {json.dumps(weight)}")
-                weight = float(weight)
-            out.append(TrainingRecord(obj["question"], obj["answer"], obj["page_text"], obj["relevance"],
-                                      str(obj.get("doc_id", "")), obj.get("page"), obj.get("source", ""), soft,
-                                      weight))
+        try:
+            for n, obj in json_objects(fh, str(path), DatasetError):
+                out.append(_record(path, n, obj))
+        except UnicodeDecodeError as exc:
+            raise DatasetError(f"{path}: not UTF-8 text ({exc.reason})") from None
     if not out:
         raise DatasetError(f"{path}: no records")
     return out
+
+
+def _record(path: Path, n: int, obj: dict) -> TrainingRecord:
+    """Line ``n``'s record, every field type-checked: a wrong one is a DatasetError naming
+    the line (the CLI's `error: ...`, exit 2), never a traceback or a silent coercion."""
+    for key, typ in REQUIRED.items():
+        if key not in obj:
+            raise DatasetError(f"{path}, line {n}: missing field {key!r}")
+        if not isinstance(obj[key], typ) or isinstance(obj[key], bool):
+            raise DatasetError(f"{path}, line {n}: field {key!r} must be {typ.__name__}")
+    if obj["relevance"] not in (0, 1):
+        raise DatasetError(f"{path}, line {n}: relevance must be 0 or 1, not {obj['relevance']}")
+    for key in ("doc_id", "source"):  # optional: absent or null reads as ""
+        if obj.get(key) is not None and not isinstance(obj[key], str):
+            raise DatasetError(f"{path}, line {n}: field {key!r} must be str (or null)")
+    for key in TEXT_FIELDS:
+        bad = _lone_surrogate(obj.get(key) or "")
+        if bad is not None:
+            raise DatasetError(f"{path}, line {n}: field {key!r} holds a lone surrogate "
+                               f"(\\u{ord(bad):04x}), which is not text")
+    page = obj.get("page")
+    # 1.7 and true were read as page 1; 1e400 (infinity), "abc" and [1] failed later with a traceback
+    if page is not None and (not isinstance(page, int) or isinstance(page, bool) or not 1 <= page <= MAX_PAGE):
+        raise DatasetError(f"{path}, line {n}: page must be a positive integer (or null), not {_shown(page)}")
+    soft = obj.get("soft_label")
+    if soft is not None:
+        if not isinstance(soft, (int, float)) or isinstance(soft, bool) or not 0.0 <= soft <= 1.0:
+            raise DatasetError(f"{path}, line {n}: soft_label must be a number between 0 and 1 "
+                               f"(or null), not {json.dumps(soft)}")
+        soft = float(soft)
+    weight = obj.get("weight")
+    if weight is not None:
+        if not isinstance(weight, (int, float)) or isinstance(weight, bool) or not 0.0 < weight < float("inf"):
+            raise DatasetError(f"{path}, line {n}: weight must be a positive number (or null), "
+                               f"not {json.dumps(weight)}")
+        weight = float(weight)
+    return TrainingRecord(obj["question"], obj["answer"], obj["page_text"], obj["relevance"],
+                          obj.get("doc_id") or "", page, obj.get("source") or "", soft, weight)
+
+
+def _shown(value) -> str:
+    """A field's value for an error line: JSON, at most 40 characters, never raising."""
+    text = json.dumps(value, ensure_ascii=True)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def file_sha256(path: Path) -> str:

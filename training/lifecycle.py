@@ -13,7 +13,7 @@ from evidentia.store import Store, store_path
 from evidentia.tenants import DEFAULT_TENANT, internal_id
 from evidentia.training.dataset import TrainingRecord, read_records
 from evidentia.training.retrain import RetrainResult, Verdict, retrain
-from evidentia.training.train import TrainParams
+from evidentia.training.train import TrainingError, TrainParams
 
 if TYPE_CHECKING:  # pragma: no cover
     from evidentia.engine import Engine
@@ -36,7 +36,10 @@ class RetrainOptions:
 
 
 def verdicts_from_store(settings: Settings) -> list[Verdict]:
-    """Every tenant's feedback in the API's store, keyed by the index's document ids."""
+    """Every tenant's feedback in the API's store, keyed by the index's document ids.
+    Ordered as the export is (by feedback id: an updated verdict is stored anew, last),
+    so that the tie rule resolves the store and its export the same; the stored time
+    could disagree with that order after a clock step."""
 
     path = store_path(settings.data_dir)
     if not path.exists():
@@ -47,14 +50,15 @@ def verdicts_from_store(settings: Settings) -> list[Verdict]:
         for tenant in store.tenants():
             for f in store.iter_feedback(tenant):
                 out.append(Verdict(f.question, f.answer, internal_id(tenant, f.document_id), f.page,
-                                   f.relevant, f.created))
+                                   f.relevant, f"{f.id:012d}"))
         return out
     finally:
         store.close()
 
 
 def verdicts_from_records(records: Sequence[TrainingRecord], tenant: str = DEFAULT_TENANT) -> list[Verdict]:
-    """Verdicts from an exported feedback file; line order stands in for time. The
+    """Verdicts from an exported feedback file; line order stands in for time (the export
+    is in the order of the verdicts' last changes, as verdicts_from_store). The
     export (GET /v1/feedback/export) names each document by its id within the
     tenant that exported it, which the file does not say: ``tenant``."""
     return [Verdict(r.question, r.answer, internal_id(tenant, r.doc_id), int(r.page), bool(r.relevance),
@@ -74,6 +78,22 @@ def missing_documents_message(library, tenant: str, missing: Sequence[str], sour
             "tenant's documents), or index them there first")
 
 
+def indexed_verdicts(engine: "Engine", verdicts: Sequence[Verdict], log: Callable[[str], None] = print
+                     ) -> list[Verdict]:
+    """The verdicts on documents still in the index. Those on others (deleted since; the
+    store's feedback on a document a delete raced past) are skipped with one warning
+    line: they named a document the round cannot search, and failed it for good."""
+    missing = set(engine.missing_documents(sorted({v.doc_id for v in verdicts})))
+    if not missing:
+        return list(verdicts)
+    kept = [v for v in verdicts if v.doc_id not in missing]
+    names = sorted(missing)
+    shown = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
+    log(f"warning: skipped {len(verdicts) - len(kept)} verdict(s) on {len(names)} document(s) no longer in the "
+        f"index: {shown}")
+    return kept
+
+
 def run_retrain(engine: "Engine", verdicts: Sequence[Verdict], base_data: Path | None,
                 options: RetrainOptions = RetrainOptions(), log: Callable[[str], None] = print) -> RetrainResult:
     from evidentia.reranker.classifier import ClassifierReranker
@@ -82,6 +102,9 @@ def run_retrain(engine: "Engine", verdicts: Sequence[Verdict], base_data: Path |
     from evidentia.training.train_features import TrainingRecipe
 
     settings = engine.settings
+    verdicts = indexed_verdicts(engine, verdicts, log)
+    if not verdicts:
+        raise TrainingError("no feedback on documents still in the index to learn from")
     in_use = ModelMetadata.read(resolve_model_dir(settings))
     kind = options.kind or in_use.extra.get("kind", "lora")
     base_records = read_records(base_data) if base_data else []

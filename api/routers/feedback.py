@@ -9,9 +9,10 @@ from fastapi.responses import StreamingResponse
 from evidentia.api.deps import Caller, get_services, require_backend, require_tenant, run_blocking
 from evidentia.api.errors import ApiError, backend_unavailable, errors
 from evidentia.tenants import internal_id
-from evidentia.api.schemas import FeedbackOut, FeedbackRequest
+from evidentia.api.schemas import ErrorResponse, FeedbackOut, FeedbackRequest
 from evidentia.api.services import Services
 from evidentia.retriever.base import BackendError
+from evidentia.store import MAX_VERDICTS_PER_PAGE, FeedbackRefused
 from evidentia.training.dataset import TrainingRecord
 
 router = APIRouter(prefix="/v1/feedback", tags=["feedback"])
@@ -33,24 +34,55 @@ def _check(services: Services, caller: Caller, body: FeedbackRequest):
 @router.post(
     "", status_code=201, response_model=FeedbackOut, summary="Record whether a returned page supports the answer",
     description="Answers 201 once the judgement is committed to disk. One judgement per (validation, page, "
-                "analyst): sending it again replaces it. The page's text is kept with it, so the export "
-                "stays valid if the document is later uploaded again.",
-    responses=errors(400, 401, 404, 409, 422, 429, 503),
+                "analyst): sending it again replaces it (a new `feedback_id`, and it moves to the end of the "
+                "export). The page's text is kept with it, so the export stays valid if the document is later "
+                f"uploaded again. At most {MAX_VERDICTS_PER_PAGE} analysts' judgements per page of a validation.",
+    responses={
+        **errors(400, 401, 404, 409, 422, 429, 503),
+        409: {"model": ErrorResponse, "description": (
+            "The document was deleted since the validation (`document_gone`), or uploaded again and re-indexed "
+            "(`document_changed`: its pages are another file's; validate again), or the page already has "
+            f"{MAX_VERDICTS_PER_PAGE} analysts' judgements in this validation (`too_many_verdicts`).")},
+    },
 )
 async def post_feedback(body: FeedbackRequest, caller: Caller = Depends(require_tenant),
                         services: Services = Depends(get_services)) -> FeedbackOut:
     await run_in_threadpool(_check, services, caller, body)
     backend = require_backend(services)
+    gone = ApiError(409, "document_gone", f"document {body.document_id} was deleted or replaced since the "
+                    f"validation; its page {body.page} is no longer indexed",
+                    {"document_id": body.document_id, "page": body.page})
+
+    def read_page():
+        # under doc_lock, the lock the indexing worker switches a document's pages (index) and
+        # generation (store) under, and delete removes both under: the text and the generation
+        # read here belong together, which add_feedback's check needs
+        with services.doc_lock:
+            doc = services.store.get_document(caller.tenant, body.document_id)
+            if doc is None:
+                return None, None
+            return backend.get_page(internal_id(caller.tenant, body.document_id), body.page), doc.generation
+
     try:
-        page = await run_blocking(services, backend.get_page, internal_id(caller.tenant, body.document_id), body.page)
+        page, generation = await run_blocking(services, read_page)
     except BackendError as exc:
         raise backend_unavailable(exc) from None
     if page is None:
-        raise ApiError(409, "document_gone", f"document {body.document_id} was deleted or replaced since the "
-                       f"validation; its page {body.page} is no longer indexed",
-                       {"document_id": body.document_id, "page": body.page})
-    row = await run_in_threadpool(services.store.add_feedback, caller.tenant, body.validation_id, body.document_id,
-                                  body.page, body.relevant, (body.analyst or "").strip(), page.text)
+        raise gone
+    try:
+        # stored after run_blocking returns: a request that timed out (504) leaves nothing behind
+        row = await run_in_threadpool(services.store.add_feedback, caller.tenant, body.validation_id,
+                                      body.document_id, body.page, body.relevant, (body.analyst or "").strip(),
+                                      page.text, generation)
+    except FeedbackRefused as exc:
+        if exc.code == "document_gone":
+            raise gone from None
+        if exc.code == "validation_not_found":  # checked above; kept for the store's own check
+            raise ApiError(404, exc.code, str(exc), {"validation_id": body.validation_id}) from None
+        details = {"document_id": body.document_id, "page": body.page, "validation_id": body.validation_id}
+        if exc.code == "too_many_verdicts":
+            details["limit"] = MAX_VERDICTS_PER_PAGE
+        raise ApiError(409, exc.code, str(exc), details) from None
     return FeedbackOut(feedback_id=row.id, validation_id=row.validation_id, document_id=row.document_id,
                        page=row.page, relevant=row.relevant, analyst=row.analyst or None, created=row.created)
 
@@ -58,7 +90,9 @@ async def post_feedback(body: FeedbackRequest, caller: Caller = Depends(require_
 @router.get(
     "/export", summary="Export your feedback as JSONL training records",
     description="One JSON object per line, in the format of `evidentia train` (training/dataset.py): "
-                "`question`, `answer`, `page_text`, `relevance` (0|1), `doc_id`, `page`, `source` = `feedback`.",
+                "`question`, `answer`, `page_text`, `relevance` (0|1), `doc_id`, `page`, `source` = `feedback`; "
+                "in the order of the judgements' last changes (`evidentia retrain` reads a tie between "
+                "analysts by it).",
     response_class=StreamingResponse,
     responses={200: {"content": {"application/x-ndjson": {}}, "description": "JSONL training records."},
                **errors(401, 429)},
