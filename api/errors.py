@@ -82,6 +82,24 @@ def without_server_details(text: str) -> str:
     return _SERVER_PATH.sub("<path on the server>", _URL.sub("<server URL>", text))
 
 
+# What a client sent, echoed in an error: a prefix is enough to recognise it, and a megabyte's
+# value must not come back twice (message and details) in a multi-megabyte 422
+ECHO_CHARS = 100
+MAX_MESSAGE_CHARS = 1000
+_LONG_RUN = re.compile(r"\S{%d,}" % (ECHO_CHARS + 1))
+
+NO_FILE_MESSAGE = ("no file: send the PDF as the form's `file` part, with its file name (a form cut short before "
+                   "its end loses it too)")
+
+
+def bounded_echo(text: str) -> str:
+    """``text`` with every run of more than ECHO_CHARS non-space characters (an echoed
+    value: 'rrrr...', a 4000-digit number) cut to its first ECHO_CHARS and "…", and the
+    whole kept under MAX_MESSAGE_CHARS (a long value with spaces in it)."""
+    text = _LONG_RUN.sub(lambda m: m.group()[:ECHO_CHARS] + "…", text)
+    return text if len(text) <= MAX_MESSAGE_CHARS else text[:MAX_MESSAGE_CHARS] + "…"
+
+
 def backend_unavailable(exc: Exception) -> ApiError:
     """The search engine failed (Elasticsearch down, the index unreadable): 503."""
     return ApiError(503, "backend_unavailable", f"search engine error: {without_server_details(str(exc))}")
@@ -105,6 +123,11 @@ def _loc(loc) -> str:
     return ".".join(str(p) for p in loc)
 
 
+def _bounded_loc(loc) -> list:
+    """A location whose parts may be the client's own keys (an unknown field's name)."""
+    return [bounded_echo(p) if isinstance(p, str) else p for p in loc]
+
+
 def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
@@ -113,14 +136,13 @@ def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         raw = exc.errors()
-        details = [{"loc": list(e.get("loc", ())), "message": e.get("msg", ""), "type": e.get("type", "")}
-                   for e in raw]
+        details = [{"loc": _bounded_loc(e.get("loc", ())), "message": bounded_echo(str(e.get("msg", ""))),
+                    "type": e.get("type", "")} for e in raw]
         if any(e.get("type") == "json_invalid" for e in raw):
             return error_response(400, "invalid_json", "the request body is not valid JSON", details)
         for d in details:  # a form without a file part (or cut short), or a file part without a filename
             if d["loc"] == ["body", "file"] and ("Expected UploadFile" in d["message"] or d["type"] == "missing"):
-                d["message"] = ("no file: send the PDF as the form's `file` part, with its file name (a form cut "
-                                "short before its end loses it too)")
+                d["message"] = NO_FILE_MESSAGE
         parts = [f"{_loc(d['loc'])}: {d['message']}" for d in details[:3]]
         more = f" (and {len(details) - 3} more)" if len(details) > 3 else ""
         return error_response(422, "validation_error", "; ".join(parts) + more, details)

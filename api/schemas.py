@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from evidentia.config import STAGES
 from evidentia.indexer.ocr import SOURCES
@@ -14,6 +15,21 @@ from evidentia.store import DOCUMENT_ID_RE
 Status = Literal["queued", "indexing", "ready", "failed"]
 Stage = Literal[STAGES]  # the same tuple the engine checks; a Literal so OpenAPI lists the values
 TextSource = Literal[SOURCES]  # how a page's text was obtained: indexer/ocr.py
+
+
+# Characters that make a short text shown to people say something else than it is: C0/C1
+# controls (NUL, CR, LF, ESC), the Unicode line and paragraph separators, and the bidi
+# controls that reorder what follows them ("\u202egpj.exe" shows as "exe.jpg")
+UNSAFE_TEXT_CHARS = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def unsafe_text_problem(text: str) -> str | None:
+    """Why a name or label cannot be shown as sent (its first unsafe character), or None."""
+    m = UNSAFE_TEXT_CHARS.search(text)
+    if m is None:
+        return None
+    return (f"contains the control or bidi character U+{ord(m.group()):04X} at position {m.start()}; "
+            "send plain text on one line")
 
 
 class ErrorDetail(BaseModel):
@@ -161,7 +177,17 @@ class FeedbackRequest(BaseModel):
     document_id: DocumentIdField
     page: int = Field(..., ge=1)
     relevant: bool = Field(..., description="Does this page support the answer?")
-    analyst: str | None = Field(None, max_length=200, description="Who judged (free text, e.g. an e-mail).")
+    analyst: str | None = Field(None, max_length=200, description="Who judged (free text on one line, e.g. an "
+                                "e-mail; no control or bidi characters).")
+
+    @field_validator("analyst")
+    @classmethod
+    def _analyst_is_plain_text(cls, value: str | None) -> str | None:
+        # it is exported with the training data and shown to people: it must read as it is
+        problem = None if value is None else unsafe_text_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
 
 
 class FeedbackOut(BaseModel):

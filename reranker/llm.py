@@ -44,16 +44,20 @@ Failures never raise: after the retries the first-stage order is returned with
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 import threading
 import time
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any, Callable, Sequence
 
 from evidentia.records import Candidate, Query, RankedPage
 from evidentia.reranker.base import Reranker, RerankResult, passthrough
 from evidentia.reranker.llm_runtime import Deadline, watchdog
+
+log = logging.getLogger("evidentia.reranker.llm")
 
 ANSWER_KEY = "re-ranked_page_numbers"
 RECALL_THRESHOLD = 0.30
@@ -326,28 +330,61 @@ def _one_line(text: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+# What to check for a refusal: the status says which setting is wrong
+_STATUS_HINTS = {
+    401: "check EVIDENTIA_LLM_API_KEY",
+    403: "check EVIDENTIA_LLM_API_KEY and its access to EVIDENTIA_LLM_MODEL",
+    404: "check EVIDENTIA_LLM_MODEL and EVIDENTIA_LLM_BASE_URL",
+}
+
+
 def _describe(exc: BaseException) -> str:
+    """The failure as users see it (the API returns it to every tenant and stores it):
+    its category and status only. The server's body and the client's message can echo
+    the request's Authorization header, internal hosts and paths: ``_upstream_detail``
+    has them, for the server's log."""
     import openai
 
     if isinstance(exc, openai.APIStatusError):
-        phrase = ""
-        try:
-            phrase = exc.response.reason_phrase or ""
-        except Exception:
-            pass
+        try:  # the standard phrase: the server's own reason phrase is the server's text too
+            phrase = HTTPStatus(exc.status_code).phrase
+        except ValueError:
+            phrase = ""
         desc = f"{exc.status_code} {phrase}".strip()
-        message = getattr(exc, "message", "") or ""
-        body = getattr(exc, "body", None)
-        if isinstance(body, dict) and isinstance(body.get("message"), str):
-            message = body["message"]
-        if message and message not in desc and not message.startswith("Error code"):
-            desc += f" ({_one_line(message, 80)})"
-        return desc
+        hint = _STATUS_HINTS.get(exc.status_code)
+        return f"{desc}: {hint}" if hint else desc
     if isinstance(exc, openai.APITimeoutError):
         return "request timed out"
     if isinstance(exc, openai.APIConnectionError):
         return "connection error"
-    return _one_line(f"{type(exc).__name__}: {exc}", 120)
+    return type(exc).__name__
+
+
+def _upstream_detail(exc: BaseException | None) -> str:
+    """Everything known of a failure, for the server's log only (mask the key before logging)."""
+    if exc is None:
+        return "no error"
+    body = getattr(exc, "body", None)
+    text = f"{type(exc).__name__}: {exc}"
+    if body is not None and str(body) not in text:
+        text += f" body={body!r}"
+    return _one_line(text, 2000)
+
+
+_BEARER = re.compile(r"(?i)\b(bearer)\s+[^\s\"',;)]+")
+_MASK = "***"
+# A key shorter than this is not looked for in a text: it would match words of the reasons
+# themselves (a llama.cpp server takes any key, "x" or "none"), and guards nothing anyway
+_MIN_MASKED_KEY_CHARS = 8
+
+
+def mask_secret(text: str, secret: str | None) -> str:
+    """``text`` without the API key: the key itself (when configured) and any bearer
+    token, as an upstream error may echo the Authorization header."""
+    secret = (secret or "").strip()
+    if len(secret) >= _MIN_MASKED_KEY_CHARS:
+        text = text.replace(secret, _MASK)
+    return _BEARER.sub(lambda m: f"{m.group(1)} {_MASK}", text)
 
 
 STRUCTURED_OUTPUT_MODES = ("auto", "on", "off")
@@ -497,8 +534,8 @@ class LLMReranker(Reranker):
                 rankings.append([batch.indices[k - 1] for k in numbers])
         except LLMFailure as failure:
             info["seconds"] = round(time.perf_counter() - t0, 3)
-            return RerankResult(pages=passthrough(candidates),
-                                fallback_reason=f"{failure.reason}; first-stage order returned", info=info)
+            reason = self._masked(f"{failure.reason}; first-stage order returned")
+            return RerankResult(pages=passthrough(candidates), fallback_reason=reason, info=info)
         order = _round_robin(rankings)
         pages = [
             RankedPage(doc_id=candidates[i].doc_id, page=candidates[i].page, score=1.0 / rank,
@@ -638,7 +675,7 @@ class LLMReranker(Reranker):
         try:
             self.client_or_fail()
         except LLMFailure as exc:
-            return str(exc)
+            return self._masked(str(exc))  # /ready shows it to anyone
         return None
 
     def client_or_fail(self):
@@ -653,6 +690,7 @@ class LLMReranker(Reranker):
                 if "api_key" in str(exc):  # the client's own message names an option and is cut in a UI
                     raise LLMFailure("LLM not configured: no API key; set EVIDENTIA_LLM_API_KEY (or "
                                      "OPENAI_API_KEY)") from None
+                log.warning("LLM client cannot be created: %s", self._masked(_upstream_detail(exc)))
                 raise LLMFailure(f"LLM not configured: {_describe(exc)}") from None
         return self._client
 
@@ -715,25 +753,30 @@ class LLMReranker(Reranker):
                     raise LLMFailure(self._late(deadline, attempt, exc)) from None
                 error = exc
             except openai.APIStatusError as exc:
+                detail = self._masked(_upstream_detail(exc))
                 if ("max_tokens" in extra and exc.status_code in _UNSUPPORTED_STATUSES
-                        and "max_tokens" in _describe(exc) + str(getattr(exc, "body", ""))):
+                        and "max_tokens" in detail):
                     # e.g. OpenAI's reasoning models take max_completion_tokens only: ask
                     # again without the cap, and remember
                     self._max_tokens_supported = False
-                    info["max_tokens_refused"] = _describe(exc)
+                    info["max_tokens_refused"] = detail
                     attempt -= 1
                     continue
                 if (schema and self.structured_output == "auto" and exc.status_code in _UNSUPPORTED_STATUSES
                         and self._schema_supported is None):
                     # the endpoint may not know response_format: ask again with the plain prompt
                     self._schema_supported = False
-                    info["structured_output_refused"] = _describe(exc)
+                    info["structured_output_refused"] = detail
                     attempt -= 1
                     continue
+                log.warning("LLM request to %s failed (attempt %d of %d): %s", self.base_url or "the default endpoint",
+                            attempt, attempts, detail)
                 if exc.status_code < 500:
                     raise LLMFailure(f"LLM request rejected: {_describe(exc)}") from None
                 error = exc
             except Exception as exc:  # unexpected client errors: report, never crash the pipeline
+                log.warning("LLM request to %s failed: %s", self.base_url or "the default endpoint",
+                            self._masked(_upstream_detail(exc)))
                 raise LLMFailure(f"LLM request failed: {_describe(exc)}") from None
             else:
                 if schema and self._schema_supported is None:
@@ -757,6 +800,14 @@ class LLMReranker(Reranker):
                     raise LLMFailure(self._late(deadline, attempt, error))
         raise LLMFailure(f"LLM unavailable after {attempts} attempt{'s' if attempts != 1 else ''}: "
                          f"{_describe(error)}")
+
+    def _masked(self, text: str) -> str:
+        """``text`` without the key: the configured one, or the one the client found itself
+        (OPENAI_API_KEY)."""
+        for secret in {self.api_key, getattr(self._client, "api_key", None)}:
+            if isinstance(secret, str):
+                text = mask_secret(text, secret)
+        return mask_secret(text, None)
 
     @staticmethod
     def _late(deadline: "Deadline", attempts: int, error: BaseException | None) -> str:

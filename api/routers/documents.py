@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
-import re
 import shutil
 import time
 import uuid
@@ -15,12 +15,12 @@ from fastapi import APIRouter, Depends, File, Form, Path as PathParam, Query, Re
 from fastapi.concurrency import run_in_threadpool
 
 from evidentia.api.deps import Caller, get_services, require_backend, require_tenant, run_blocking
-from evidentia.api.errors import ApiError, backend_unavailable, errors, file_too_large
+from evidentia.api.errors import NO_FILE_MESSAGE, ApiError, backend_unavailable, errors, file_too_large
 from evidentia.api.highlight import MAX_HIGHLIGHT_CHARS, MAX_TERMS, highlight_terms
 from evidentia.api.rendering import PageRenderer, RenderRefused
 from evidentia.tenants import internal_id
 from evidentia.api.schemas import (
-    DOCUMENT_ID_PATTERN, DocumentAccepted, DocumentList, DocumentOut, IndexingProgress, PageOut,
+    DOCUMENT_ID_PATTERN, UNSAFE_TEXT_CHARS, DocumentAccepted, DocumentList, DocumentOut, IndexingProgress, PageOut,
 )
 from evidentia.api.services import Services
 from evidentia.store import DOCUMENT_ID_RE, DocumentRow, document_id_for
@@ -116,9 +116,9 @@ def _count_pages(services: Services, path: Path) -> int | None:
 
 def _shown_name(filename: str | None) -> str:
     """The file's name as shown and listed: without the client's folders ("../../r.pdf",
-    "C:\\Users\\r.pdf") or control characters."""
+    "C:\\Users\\r.pdf"), control or bidi characters (the rule of schemas.UNSAFE_TEXT_CHARS)."""
     name = PurePosixPath((filename or "").replace("\\", "/")).name
-    return re.sub(r"[\x00-\x1f\x7f]", "", name)
+    return UNSAFE_TEXT_CHARS.sub("", name)
 
 
 def _accept_upload(services: Services, caller: Caller, upload: UploadFile, document_id: str | None) -> DocumentRow:
@@ -202,6 +202,11 @@ async def upload_document(
     if len((await request.form()).getlist("file")) > 1:  # parsed already: the form is cached
         raise ApiError(422, "validation_error", "one file per upload: send each PDF in a request of its own",
                        [{"loc": ["body", "file"], "message": "more than one file", "type": "value_error"}])
+    if not document_id and not _shown_name(file.filename):
+        # `filename=""` (or only folders): its id would be the hash of "", one for every such
+        # upload, each replacing the last; the same answer as a part without a file name
+        raise ApiError(422, "validation_error", f"body.file: {NO_FILE_MESSAGE}",
+                       [{"loc": ["body", "file"], "message": NO_FILE_MESSAGE, "type": "missing"}])
     row = await services.upload_slots.run(caller.tenant, _accept_upload, services, caller, file, document_id)
     response.headers["Location"] = f"/v1/documents/{row.document_id}"
     return DocumentAccepted(document_id=row.document_id, status=row.status if row.next_generation else "queued",
@@ -276,6 +281,28 @@ async def _rendered(renderer: PageRenderer, tenant: str, row: DocumentRow, page:
         await asyncio.sleep(0.1)
 
 
+# A page image is a tenant's own, of one version of a document: a browser may keep it but
+# must ask again each time (the key is checked, a re-upload or a revoked key is noticed),
+# and never answer one key's request with what another key got (the web page fetches
+# with the X-API-Key header, the same URL for every tenant). An unchanged image costs a 304.
+PRIVATE_REVALIDATED = {"Cache-Control": "private, no-cache", "Vary": "X-API-Key, Authorization"}
+
+
+def _page_etag(tenant: str, row: DocumentRow, page: int, width: int, terms: list[str] | None) -> str:
+    """A strong ETag of the image: whose, which upload (its generation), what was asked."""
+    key = "\x1f".join([tenant, row.document_id, row.generation, str(page), str(width), *(terms or [])])
+    return '"' + hashlib.sha256(key.encode()).hexdigest()[:32] + '"'
+
+
+def _etag_matches(if_none_match: str | None, etag: str) -> bool:
+    """If-None-Match against ``etag`` (the weak comparison RFC 9110 asks for here)."""
+    if not if_none_match:
+        return False
+    if if_none_match.strip() == "*":
+        return True
+    return any(tag.strip().removeprefix("W/") == etag for tag in if_none_match.split(","))
+
+
 # Declared before the text route: "/pages/3.png" must not reach "/pages/{page}".
 @router.get(
     "/{document_id}/pages/{page}.png", summary="A page rendered as PNG",
@@ -284,6 +311,7 @@ async def _rendered(renderer: PageRenderer, tenant: str, row: DocumentRow, page:
                **errors(401, 404, 409, 422, 429, 503)},
 )
 async def page_png(
+    request: Request,
     document_id: str = DocumentId,
     page: int = PathParam(..., ge=1, description="1-based page number."),
     width: int = Query(800, ge=PNG_MIN_WIDTH, le=PNG_MAX_WIDTH, description="Image width in pixels."),
@@ -297,15 +325,18 @@ async def page_png(
     row = await run_in_threadpool(find_document, services, caller, document_id)
     _page_number(row, page)
     renderer, terms = services.renderer, highlight_terms(highlight)
+    headers = {**PRIVATE_REVALIDATED, "ETag": _page_etag(caller.tenant, row, page, width, terms)}
+    if _etag_matches(request.headers.get("if-none-match"), headers["ETag"]):
+        return Response(status_code=304, headers=headers)
     try:
         png = await _rendered(renderer, caller.tenant, row, page, width, terms)
     except RenderRefused as exc:
         if exc.code == "document_changed":  # deleted meanwhile: gone, not worth a retry (404)
             await run_in_threadpool(find_document, services, caller, document_id)
-        headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after else None
+        retry = {"Retry-After": str(exc.retry_after)} if exc.retry_after else None
         raise ApiError(exc.status, exc.code, str(exc), {"document_id": document_id, "page": page},
-                       headers=headers) from None
-    return Response(content=png, media_type="image/png", headers={"Cache-Control": "private, max-age=3600"})
+                       headers=retry) from None
+    return Response(content=png, media_type="image/png", headers=headers)
 
 
 @router.get("/{document_id}/pages/{page}", response_model=PageOut, summary="A page's text and language",

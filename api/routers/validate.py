@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
 
 from evidentia.api.deps import Caller, deadline, get_services, require_backend, require_tenant, run_blocking
-from evidentia.api.errors import ApiError, backend_unavailable, errors, without_server_details
+from evidentia.api.errors import ApiError, backend_unavailable, bounded_echo, errors, without_server_details
 from evidentia.tenants import internal_id, split_internal_id
 from evidentia.api.routers.documents import not_ready_message
 from evidentia.api.schemas import ErrorResponse, ValidatedPage, ValidateRequest, ValidateResponse
@@ -38,7 +38,8 @@ def _limits(services: Services, body: ValidateRequest) -> tuple[list[str], RunCo
     problems: list[dict] = []
 
     def problem(field: str, message: str) -> None:
-        problems.append({"loc": ["body", field], "message": message, "type": "value_error"})
+        # the engine's messages quote the value sent ("not 'rrr…'", "got 999…"): a prefix of it
+        problems.append({"loc": ["body", field], "message": bounded_echo(message), "type": "value_error"})
 
     try:
         services.engine.check_text(body.question, body.answer)
@@ -157,23 +158,27 @@ async def validate(body: ValidateRequest, request: Request, caller: Caller = Dep
     ]
     version = result.model_version
     timings = result.timings_ms
+    # every tenant reads it (and it is stored): a reranker's reason must not carry a server's path or URL
+    fallback_reason = without_server_details(result.fallback_reason) if result.fallback_reason else None
     validation = ValidationRow(
         validation_id=f"val_{uuid.uuid4().hex}", tenant=caller.tenant, question=result.query.question,
         answer=result.query.answer, document_ids=document_ids, reranker=result.reranker, threshold=config.threshold,
         top_k=config.pool_size,
         pages=[{"document_id": p.document_id, "page": p.page, "score": p.score, "probability": p.probability}
                for p in pages],
-        model_version=version, fallback_reason=result.fallback_reason, created=now(),
+        model_version=version, fallback_reason=fallback_reason, created=now(),
+        # the versions read before the search: feedback on a version re-indexed since is refused
+        generations={d: rows[d].generation for d in document_ids},
     )
     await run_in_threadpool(services.store.add_validation, validation)
     m = services.metrics
     m.validations.labels(result.reranker).inc()
     m.validation_seconds.labels(result.reranker).observe(timings["total"] / 1000)
-    if result.fallback_reason:
+    if fallback_reason:
         m.fallbacks.labels(result.reranker).inc()
     return ValidateResponse(validation_id=validation.validation_id, pages=pages, reranker=result.reranker,
                             stage=result.stage, stage_note=_stage_note(result.without_vectors),
-                            fallback_reason=result.fallback_reason,
+                            fallback_reason=fallback_reason,
                             timings_ms={k: round(v, 2) for k, v in timings.items()}, model_version=version,
                             candidates=len(result.candidates), threshold=result.config.threshold,
                             note=result.note)
