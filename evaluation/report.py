@@ -90,7 +90,8 @@ def plot_sweep(label: str, rows: list[dict], thresholds: Sequence[float], path: 
         ax.text(t, 1.02, f"{t:g}", ha="center", va="bottom", fontsize=8)
     h1, l1 = ax.get_legend_handles_labels()
     h2, l2 = ax2.get_legend_handles_labels()
-    ax.legend(h1 + h2, l1 + l2, fontsize=8, loc="center right")
+    # below the axes: inside, it covered the curves wherever they ran (a newcomer's report, 8ap)
+    ax.legend(h1 + h2, l1 + l2, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, frameon=False)
     ax.set_title(f"{label}: threshold sweep", pad=14)
     return _save(fig, path)
 

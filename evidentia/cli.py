@@ -127,8 +127,17 @@ def search(
     config = ctx.config(stage=stage, reranker=reranker, threshold=threshold, pool_size=top_k)
     library = _library(ctx)
     tenant = _tenant(library, tenant)
+    doc_ids = library.resolve(tenant, doc)
     try:
-        result = ctx.engine.search(question, answer, library.resolve(tenant, doc), config)
+        # before the search: a question of stop words alone reaches no index search, which is where
+        # an unknown document is found otherwise, and "no searchable word" would hide a wrong --doc
+        unknown = [d for d in dict.fromkeys(doc_ids) if ctx.engine.backend.get_document(d) is None]
+    except BackendError as exc:
+        raise fail(str(exc), EXIT_BACKEND)
+    if unknown:
+        raise fail(_unknown_documents_message(library, tenant, _external(unknown)), EXIT_BAD_INPUT)
+    try:
+        result = ctx.engine.search(question, answer, doc_ids, config)
     except (ConfigError, EmbeddingError) as exc:
         raise fail(str(exc))
     except UnknownDocumentError as exc:
@@ -153,16 +162,20 @@ def search(
              **({"probability": round(p.probability, 6)} if p.probability is not None else {}),
              "snippet": p.snippet}
             for p in result.pages
-        ], "tenant": tenant, "stage": result.stage, "stage_note": stage_note, "reranker": result.reranker, "threshold": config.threshold,
+        ], "tenant": tenant, "stage": result.stage, "stage_note": stage_note, "reranker": result.reranker,
+            # the API's /v1/validate field: which classifier model scored (null for other rerankers)
+            "model_version": result.model_version, "threshold": config.threshold,
             "fallback": result.fallback_reason is not None, "fallback_reason": result.fallback_reason,
             "candidates": len(result.candidates), "note": note}, ensure_ascii=False))
     else:
         if note:
             typer.echo(note)
         for rank, p in enumerate(result.pages, 1):
-            prob = f" p={p.probability:.2f}" if p.probability is not None else ""
-            typer.echo(f"{rank:>3}. {_external([p.doc_id])[0]}  p.{p.page:<4} score {p.score:7.3f}{prob}  "
-                       f"{p.snippet[:160]}")
+            if p.probability is not None and p.probability == p.score:
+                value = f"p={p.probability:.3f}"  # the classifier's score is its probability: one number
+            else:
+                value = f"score {p.score:7.3f}" + (f" p={p.probability:.2f}" if p.probability is not None else "")
+            typer.echo(f"{rank:>3}. {_external([p.doc_id])[0]}  p.{p.page:<4} {value}  {p.snippet[:160]}")
     if strict and result.fallback_reason:
         raise typer.Exit(EXIT_FALLBACK)
 

@@ -155,6 +155,58 @@ def test_search_unknown_document(cli, indexed):
         assert result.stderr.startswith("error: unknown document id(s): nope")
 
 
+def test_search_of_stop_words_alone_still_says_a_document_is_unknown(cli, indexed):
+    """Such a question reaches no index search, where unknown documents were found: it said
+    "no searchable word" and exited 0 for a document that does not exist."""
+    unknown = ["error: unknown document id(s): nope; `evidentia docs` lists the indexed ones"]
+    assert error_lines(cli("search", "--doc", "nope", "-q", "emissions").stderr) == unknown  # a normal question's
+    for args in (["--doc", "nope"], ["--doc", indexed, "--doc", "nope"]):
+        for extra in ([], ["--json"]):
+            result = cli("search", *args, "-q", "the of", *extra)
+            assert result.exit_code == 1, (args, extra)
+            assert result.stdout == "" and error_lines(result.stderr) == unknown
+    known = cli("search", "--doc", indexed, "-q", "the of")
+    assert known.exit_code == 0 and "no searchable word" in known.stdout
+
+
+def test_search_with_the_classifier_prints_its_probability_once_and_names_its_model(cli, cli_env, indexed):
+    """`--json` carries the API's model_version (the classifier's model; null for the others);
+    a page's line gives the classifier's probability once, as it is also its score."""
+    import re
+
+    from fastapi.testclient import TestClient
+
+    from evidentia.api.app import create_app
+    from evidentia.config import Settings
+    from evidentia.store import Store, store_path
+    from tests.utils.api import wait_ready
+
+    args = ("search", "--doc", indexed, "-q", FR_QUESTION, "--reranker", "classifier", "--threshold", "0")
+    found = json.loads(cli(*args, "--json").stdout)
+    assert found["pages"] and found["model_version"]
+    store = Store(store_path(cli_env))
+    key = store.create_key("default").key
+    store.close()
+    with TestClient(create_app(Settings(data_dir=cli_env, dense=False, rate_limit_per_minute=100_000))) as client:
+        wait_ready(client)
+        body = {"question": FR_QUESTION, "document_ids": [indexed], "reranker": "classifier", "threshold": 0.0}
+        validated = client.post("/v1/validate", headers={"X-API-Key": key}, json=body).json()
+    assert validated["model_version"] == found["model_version"]
+    plain = cli(*args)
+    assert plain.exit_code == 0, plain.output
+    lines = plain.stdout.splitlines()
+    assert len(lines) == len(found["pages"])
+    for line, page in zip(lines, found["pages"]):
+        assert re.match(rf"^ +\d+\. {indexed}  p\.{page['page']} +p={page['probability']:.3f}  \S", line), line
+        assert "score" not in line and line.count("p=") == 1
+    assert plain.stderr == ""  # no line on every search: `--json` and `evidentia models list` name the model
+    none = json.loads(cli("search", "--doc", indexed, "-q", FR_QUESTION, "--json").stdout)
+    assert "model_version" in none and none["model_version"] is None
+    plain_none = cli("search", "--doc", indexed, "-q", FR_QUESTION)
+    assert all(" score " in line and "p=" not in line for line in plain_none.stdout.splitlines())
+    assert found["model_version"] not in plain_none.stderr  # no model line without a model
+
+
 @pytest.mark.parametrize("args, message", [
     (["--top-k", "0"], "--top-k must be a positive integer"),
     (["--top-k", "-3"], "--top-k must be a positive integer"),
