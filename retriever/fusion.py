@@ -54,3 +54,32 @@ def rrf(rankings: Sequence[Sequence[Candidate]], weights: Sequence[float] | None
     if top_k is not None:
         order = order[:max(0, top_k)]
     return [replace(first[key], score=scores[key]) for key in order]
+
+
+# Below this pool size the pool is the fused order alone: a leader would take a quarter or
+# more of it (a `--top-k 3` asks for the three best fused pages).
+MIN_POOL_FOR_LEADERS = 4
+
+
+def keep_each_first(fused: Sequence[Candidate], rankings: Sequence[Sequence[Candidate]],
+                    weights: Sequence[float] | None = None, top_k: int | None = None) -> list[Candidate]:
+    """The first ``top_k`` of ``fused`` (rrf's order, uncut), where the first page of each
+    ranking (of weight > 0) that fell below them takes the place of the lowest one that is
+    not itself such a page; the pool stays in fused order. A page first in BM25 and absent
+    from dense's list earns 1/61, below every page in both lists' top 40 (about 2/70): on
+    two reports searched together, or a 200-page filing, BM25's best page was out of the
+    pool and no reranker could see it (docs/BENCHMARKS.md 8ap, candidate P1)."""
+    if top_k is None or top_k >= len(fused):
+        return list(fused)
+    pool = list(fused[:max(0, top_k)])
+    if top_k < MIN_POOL_FOR_LEADERS:
+        return pool
+    weights = [1.0] * len(rankings) if weights is None else weights
+    leaders = {(r[0].doc_id, r[0].page) for r, w in zip(rankings, weights) if r and w > 0}
+    in_pool = {(c.doc_id, c.page) for c in pool}
+    missing = [c for c in fused[top_k:] if (c.doc_id, c.page) in leaders - in_pool]
+    for leader in missing:
+        lowest = max(i for i, c in enumerate(pool) if (c.doc_id, c.page) not in leaders)
+        del pool[lowest]
+        pool.append(leader)  # below every fused page kept: fused order
+    return pool

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from evidentia.records import Candidate, Query
 from evidentia.retriever.base import SearchBackend
-from evidentia.retriever.fusion import DEFAULT_K, rrf
+from evidentia.retriever.fusion import DEFAULT_K, keep_each_first, rrf
 from evidentia.retriever.snippet import make_snippet
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -77,4 +77,5 @@ class HybridRetriever(FirstStage):
         # dense first: a document without vectors fails before any BM25 work
         dense = self.dense.retrieve(query, doc_ids, deep, timings)
         bm25 = self.bm25.retrieve(query, doc_ids, deep, timings)
-        return rrf([bm25, dense], self.weights, k=self.rrf_k, top_k=top_k)
+        # each ranking's best page stays a candidate (keep_each_first), in fused order
+        return keep_each_first(rrf([bm25, dense], self.weights, k=self.rrf_k), [bm25, dense], self.weights, top_k)

@@ -9,7 +9,7 @@ from evidentia.records import Candidate
 from evidentia.config import STAGES as FIRST_STAGES
 from evidentia.engine import RunConfig as PipelineConfig
 from evidentia.engine import parse_config
-from evidentia.retriever.fusion import DEFAULT_K, rrf
+from evidentia.retriever.fusion import DEFAULT_K, MIN_POOL_FOR_LEADERS, keep_each_first, rrf
 
 
 def c(doc: str, page: int, score: float = 0.0, snippet: str = "", text: str = "") -> Candidate:
@@ -154,3 +154,45 @@ def test_settings_of_the_first_stage():
                         ("EVIDENTIA_HYBRID_WEIGHTS", "-1,1"), ("EVIDENTIA_RRF_K", "0")]:
         with pytest.raises(ConfigError, match=name):
             Settings.from_env({name: value})
+
+
+def test_each_ranking_s_first_page_stays_in_the_pool():
+    """BM25's best page, absent from the dense list, earns 1/61 and falls below every
+    page both lists hold: it takes the place of the lowest of them, and the pool keeps
+    the fused order (docs/BENCHMARKS.md 8ap, P1)."""
+    shared = [c("a", i) for i in range(1, 9)]
+    bm25 = [c("a", 99)] + shared
+    dense = shared + [c("a", 77)]
+    fused = rrf([bm25, dense])
+    assert ("a", 99) not in keys(fused[:5])  # the fusion alone leaves it out of a pool of 5
+    pool = keep_each_first(fused, [bm25, dense], top_k=5)
+    assert keys(pool) == [("a", 1), ("a", 2), ("a", 3), ("a", 4), ("a", 99)]
+    assert [p.score for p in pool] == sorted((p.score for p in pool), reverse=True)
+    # dense's first page is in the pool already; a ranking of weight 0 has no first page
+    assert keys(keep_each_first(rrf([bm25, dense], [0.0, 1.0]), [bm25, dense], [0.0, 1.0], top_k=5)) == \
+        keys(rrf([bm25, dense], [0.0, 1.0], top_k=5))
+    # both first pages missing: each takes a place, the rest stays fused
+    lone = [c("b", 1)] + shared
+    both = keep_each_first(rrf([bm25, lone]), [bm25, lone], top_k=6)
+    assert {("a", 99), ("b", 1)} <= set(keys(both)) and len(both) == 6
+    # a pool too small for leaders, and one that already holds everything, are the fused order
+    small = MIN_POOL_FOR_LEADERS - 1
+    assert keys(keep_each_first(fused, [bm25, dense], top_k=small)) == keys(fused[:small])
+    assert keys(keep_each_first(fused, [bm25, dense], top_k=100)) == keys(fused)
+
+
+def test_the_hybrid_stage_keeps_each_ranking_s_first_page():
+    """The joiner of the hybrid stage applies keep_each_first to its pool."""
+    from evidentia.retriever.stages import FirstStage, HybridRetriever
+
+    shared = [c("a", i) for i in range(1, 30)]
+
+    class Fixed(FirstStage):
+        def __init__(self, ranking):
+            self.ranking = ranking
+
+        def retrieve(self, query, doc_ids, top_k, timings=None):
+            return self.ranking[:top_k]
+
+    hybrid = HybridRetriever(Fixed([c("a", 99)] + shared), Fixed(shared))
+    assert keys(hybrid.retrieve(None, ["a"], 5)) == [("a", 1), ("a", 2), ("a", 3), ("a", 4), ("a", 99)]
