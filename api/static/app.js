@@ -407,6 +407,9 @@ function renderResults(result) {
     fallback.hidden = true;
     fallback.textContent = "";
   }
+  // why the hybrid stage searched with BM25 (a document without page embeddings), as the API and the CLI say
+  $("stage-note").textContent = result.stage_note || "";
+  $("stage-note").hidden = !result.stage_note;
   $("no-results").hidden = n > 0;
   if (n === 0 && result.note) $("no-results").textContent = result.note;
   const items = result.pages.map((page, i) => resultItem(page, i + 1, result));

@@ -326,7 +326,9 @@ def test_llm_unavailable_shows_the_bm25_fallback(browser, server, tmp_path):
 
 
 def test_the_page_counts_pages_while_a_document_is_indexed(browser, tmp_path):
-    """With page embeddings on, a long upload shows "indexing N / M pages" while it runs."""
+    """With page embeddings on, a long upload shows "indexing N / M pages" while it runs;
+    a document indexed without them (the CLI with EVIDENTIA_DENSE=off) is searched with
+    BM25, and the page says why, as the API's `stage_note` does."""
     from evidentia.samples import write_pdf
 
     home = tmp_path / "dense-server"
@@ -334,6 +336,8 @@ def test_the_page_counts_pages_while_a_document_is_indexed(browser, tmp_path):
     env.update(EVIDENTIA_DATA_DIR=str(home / "data"), EVIDENTIA_DENSE="on", EVIDENTIA_DENSE_BATCH_SIZE="8")
     key = subprocess.run([evidentia_exe(), "keys", "create", "--tenant", "acme"], env=env, check=True,
                          capture_output=True, text=True).stdout.strip()
+    subprocess.run([evidentia_exe(), "index", "--tenant", "acme", str(write_sample_report(tmp_path / "plain.pdf"))],
+                   env={**env, "EVIDENTIA_DENSE": "off"}, check=True, capture_output=True)
     home.mkdir(exist_ok=True)
     srv = Server(env, home / "server.log")
     try:
@@ -355,6 +359,14 @@ def test_the_page_counts_pages_while_a_document_is_indexed(browser, tmp_path):
         shots = os.environ.get("EVIDENTIA_UI_SCREENSHOTS")
         if shots:
             driver.save_screenshot(str(Path(shots) / "ui-indexing.png"))
+        wait_document_ready(driver, "plain")
+        doc_checkbox(driver, "plain").click()
+        fill(driver, "#question", SAMPLE_QUESTION)
+        fill(driver, "#answer", SAMPLE_ANSWER)
+        by_css(driver, "#validate-button").click()
+        note = wait(driver, visible("#stage-note"), "no stage note for a document without page embeddings")
+        assert "searched with bm25" in note.text and "plain" in note.text
+        assert "ranked by bm25" in by_css(driver, "#results-summary").text
         assert_no_script_errors(driver)
     finally:
         srv.stop()
