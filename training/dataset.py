@@ -245,7 +245,7 @@ def read_records(path: Path) -> list[TrainingRecord]:
 
 def _record(path: Path, n: int, obj: dict) -> TrainingRecord:
     """Line ``n``'s record, every field type-checked: a wrong one is a DatasetError naming
-    the line (the CLI's `error: ...`, exit 2), never a traceback or a silent coercion."""
+    the line (the CLI's `error: ...`, exit 1), never a traceback or a silent coercion."""
     for key, typ in REQUIRED.items():
         if key not in obj:
             raise DatasetError(f"{path}, line {n}: missing field {key!r}")
