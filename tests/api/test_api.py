@@ -20,26 +20,13 @@ from evidentia.tenants import internal_id
 from evidentia.store import store_path
 from evidentia.store import Store
 from evidentia.reranker.base import Reranker, RerankResult, passthrough
-from evidentia.samples import SAMPLE_ANSWER, SAMPLE_QUESTION, SAMPLE_REPORT_PAGES, write_pdf, write_sample_report
+from evidentia.samples import SAMPLE_ANSWER, SAMPLE_QUESTION, SAMPLE_REPORT_PAGES, write_pdf
 from evidentia.training.dataset import read_records
 from tests.utils.api import (
     ADMIN, assert_error, make_app, new_tenant, png_size, ready_document, services_of, upload, validate, wait_indexed, wait_ready,
 )
 
 # -- fixtures -----------------------------------------------------------------
-@pytest.fixture(scope="module")
-def client(tmp_path_factory):
-    app = make_app(tmp_path_factory.mktemp("shared-api"))
-    with TestClient(app) as c:
-        wait_ready(c)
-        yield c
-
-
-@pytest.fixture(scope="module")
-def sample_pdf(tmp_path_factory) -> Path:
-    return write_sample_report(tmp_path_factory.mktemp("pdfs") / "acme-2023.pdf")
-
-
 @pytest.fixture
 def own_client(tmp_path):
     """own_client(**settings) -> a TestClient on a fresh app and data dir."""

@@ -5,14 +5,11 @@ uploads that all got one id."""
 
 from __future__ import annotations
 
-import json
 import logging
-from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
-from evidentia.samples import write_sample_report
 from tests.utils.api import (
     ADMIN, assert_error, make_app, new_tenant, ready_document, upload, validate, wait_indexed, wait_ready,
 )
@@ -20,18 +17,6 @@ from tests.utils.fake_openai import FakeOpenAI
 
 SECRET_KEY = "sk-SECRET-abc123-0123456789"
 INTERNAL = "llm-gw.corp.internal:8443 reading /srv/models/llama/ggml.bin"
-
-
-@pytest.fixture(scope="module")
-def client(tmp_path_factory):
-    with TestClient(make_app(tmp_path_factory.mktemp("security-api"))) as c:
-        wait_ready(c)
-        yield c
-
-
-@pytest.fixture(scope="module")
-def sample_pdf(tmp_path_factory) -> Path:
-    return write_sample_report(tmp_path_factory.mktemp("pdfs") / "acme-2023.pdf")
 
 
 # -- 1. page images: per key, per version, revalidated ------------------------------

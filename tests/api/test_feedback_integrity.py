@@ -5,32 +5,15 @@ bounded, and the export orders verdicts as the store resolves them."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-import pytest
-from fastapi.testclient import TestClient
-
-from evidentia.samples import write_pdf, write_sample_report
+from evidentia.samples import write_pdf
 from evidentia.store import MAX_VERDICTS_PER_PAGE
 from evidentia.training.dataset import read_records
 from evidentia.training.lifecycle import verdicts_from_records, verdicts_from_store
 from evidentia.training.retrain import resolve_verdicts
 from tests.utils.api import (
-    assert_error, make_app, new_tenant, ready_document, services_of, upload, validate, wait_indexed, wait_ready,
+    assert_error, new_tenant, ready_document, services_of, upload, validate, wait_indexed,
 )
-
-
-@pytest.fixture(scope="module")
-def client(tmp_path_factory):
-    app = make_app(tmp_path_factory.mktemp("feedback-integrity"))
-    with TestClient(app) as c:
-        wait_ready(c)
-        yield c
-
-
-@pytest.fixture(scope="module")
-def sample_pdf(tmp_path_factory) -> Path:
-    return write_sample_report(tmp_path_factory.mktemp("pdfs") / "acme-2023.pdf")
 
 
 def _tenant(client, headers) -> str:
