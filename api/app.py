@@ -15,7 +15,7 @@ from evidentia.api.errors import DESCRIPTIONS, ApiError, body_too_large, file_to
 from evidentia.api.http_guard import UploadKeyMiddleware
 from evidentia.api.metrics import BodyLimitMiddleware, MetricsMiddleware
 from evidentia.api.routers import admin, documents, feedback, health, validate
-from evidentia.api.routers.ui import install_ui
+from evidentia.api.routers.ui import install_docs, install_ui
 from evidentia.api.services import Services
 from evidentia.config import Settings
 
@@ -52,6 +52,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="1.0.0",
         description=DESCRIPTION,
         lifespan=lifespan,
+        docs_url=None,  # served from this server's files (install_docs): FastAPI's load a CDN's
+        redoc_url=None,
     )
     app.state.services = services
     install_handlers(app)
@@ -69,6 +71,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for module in (documents, validate, feedback, admin, health):
         app.include_router(module.router)
     install_ui(app)  # the analysts' page at /ui (/ redirects there)
+    install_docs(app)  # /docs, with no file from elsewhere
     _use_error_shape_in_openapi(app)
     return app
 

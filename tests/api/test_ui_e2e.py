@@ -404,6 +404,22 @@ def test_failed_upload_and_document_not_ready_are_explained(browser, server, tmp
     assert_no_script_errors(driver)
 
 
+def test_the_api_docs_render_with_nothing_from_elsewhere(browser, server):
+    """/docs is Swagger UI from this server's own files (FastAPI's loads a CDN: a blank page
+    on a network without the internet, which this test's browser is), under a CSP that
+    allows only them and the page's one inline script."""
+    driver = browser
+    driver.get(server.url + "/docs")
+    title = wait(driver, visible(".swagger-ui .info .title"), "Swagger UI did not render /docs")
+    assert "Evidentia validation API" in title.text
+    wait(driver, lambda d: d.find_elements("css selector", ".opblock-summary-path"), "no operation listed")
+    paths = {e.get_attribute("data-path") for e in driver.find_elements("css selector", ".opblock-summary-path")}
+    assert "/v1/validate" in paths and "/v1/feedback" in paths
+    loaded = driver.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
+    assert loaded and all(url.startswith(server.url) for url in loaded), loaded
+    assert_no_script_errors(driver)
+
+
 def test_keywords_module_in_the_browser(browser, server):
     driver = browser
     driver.get(server.url + "/ui/")
