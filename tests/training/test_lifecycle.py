@@ -207,7 +207,8 @@ def _feedback_world(tmp_path: Path, n_docs: int = 8, name: str = "doc", reports_
     pdfs = tmp_path / "pdfs"
     pdfs.mkdir()
     for i in range(n_docs):
-        write_pdf(pdfs / f"{name}{i}.pdf", [relevant_page(i, 40), irrelevant_page(i, 40), "our emissions " + irrelevant_page(i + 1, 40)])
+        write_pdf(pdfs / f"{name}{i}.pdf",
+                  [relevant_page(i, 40), irrelevant_page(i, 40), "our emissions " + irrelevant_page(i + 1, 40)])
     backend = TantivyBackend(tmp_path / "index")
     detector = LanguageDetector()
     index_paths([pdfs], backend, detector)
