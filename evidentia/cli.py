@@ -127,17 +127,8 @@ def search(
     config = ctx.config(stage=stage, reranker=reranker, threshold=threshold, pool_size=top_k)
     library = _library(ctx)
     tenant = _tenant(library, tenant)
-    doc_ids = library.resolve(tenant, doc)
     try:
-        # before the search: a question of stop words alone reaches no index search, which is where
-        # an unknown document is found otherwise, and "no searchable word" would hide a wrong --doc
-        unknown = [d for d in dict.fromkeys(doc_ids) if ctx.engine.backend.get_document(d) is None]
-    except BackendError as exc:
-        raise fail(str(exc), EXIT_BACKEND)
-    if unknown:
-        raise fail(_unknown_documents_message(library, tenant, _external(unknown)), EXIT_BAD_INPUT)
-    try:
-        result = ctx.engine.search(question, answer, doc_ids, config)
+        result = ctx.engine.search(question, answer, library.resolve(tenant, doc), config)
     except (ConfigError, EmbeddingError) as exc:
         raise fail(str(exc))
     except UnknownDocumentError as exc:

@@ -26,7 +26,7 @@ from evidentia.records import Candidate, Query, RankedPage
 from evidentia.reranker.base import Reranker
 from evidentia.reranker.cache import RerankerCache
 from evidentia.reranker.registry import reranker_class, reranker_names
-from evidentia.retriever.base import MissingVectorsError, SearchBackend
+from evidentia.retriever.base import MissingVectorsError, SearchBackend, UnknownDocumentError
 from evidentia.retriever.query import build_query
 from evidentia.retriever.stages import BM25Retriever, DenseRetriever, FirstStage, HybridRetriever
 
@@ -353,7 +353,12 @@ class Engine:
         without: tuple[str, ...] = ()
         if not query.keywords:
             # only stop words or punctuation ("???"): BM25 finds nothing, and the nearest
-            # pages to such a text's embedding mean nothing either
+            # pages to such a text's embedding mean nothing either. No index search then, which
+            # is where an unknown document is found otherwise: looked up here, or "no searchable
+            # word" hid a wrong document id
+            unknown = [d for d in dict.fromkeys(doc_ids) if self.backend.get_document(d) is None]
+            if unknown:
+                raise UnknownDocumentError(unknown)
             candidates = []
         elif config.bm25_fallback:
             candidates, without = self.retrieve_or_bm25(query, doc_ids, config.stage, config.pool_size, timings)
