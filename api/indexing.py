@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from evidentia.api.errors import without_server_details
+from evidentia.indexer.ocr import OcrBacklog
 from evidentia.indexer.pdf import PdfError
 from evidentia.indexer.worker import BoundedCall, ExtractionLimits, WorkFailed, extraction_call
 from evidentia.indexing import embed_document, unread_reason
@@ -132,7 +133,9 @@ class IndexingWorker:
         # (tenant, document_id) -> (pages done, pages in the document) while it is being
         # indexed: transient, so kept in memory rather than written to the store
         self._progress: dict[tuple[str, str], tuple[int, int]] = {}
-        self._ocr_done: dict[tuple[str, str], int] = {}  # pages OCR'd so far while extracting a scan
+        # while a scan is extracted: pages OCR'd so far, and what OCR has still to look at
+        self._ocr_done: dict[tuple[str, str], int] = {}
+        self._ocr_backlog: dict[tuple[str, str], OcrBacklog] = {}
         self._progress_lock = threading.Lock()
 
     def progress(self, tenant: str, document_id: str) -> tuple[int, int] | None:
@@ -140,21 +143,27 @@ class IndexingWorker:
         with self._progress_lock:
             return self._progress.get((tenant, document_id))
 
-    def ocr_progress(self, tenant: str, document_id: str) -> int:
-        """Pages of a document being indexed that OCR has read so far (0 for digital PDFs)."""
-        with self._progress_lock:
-            return self._ocr_done.get((tenant, document_id), 0)
-
-    def _count_ocr_page(self, tenant: str, document_id: str) -> None:
+    def ocr_progress(self, tenant: str, document_id: str) -> tuple[int, OcrBacklog | None]:
+        """Pages of a document being indexed that OCR has read so far (0 for digital PDFs),
+        and how many it has still to look at (None before its text layers are read)."""
         with self._progress_lock:
             key = (tenant, document_id)
-            self._ocr_done[key] = self._ocr_done.get(key, 0) + 1
+            return self._ocr_done.get(key, 0), self._ocr_backlog.get(key)
+
+    def _on_extraction_report(self, tenant: str, document_id: str, item: object) -> None:
+        with self._progress_lock:
+            key = (tenant, document_id)
+            if isinstance(item, OcrBacklog):
+                self._ocr_backlog[key] = item
+            else:  # a page OCR'd
+                self._ocr_done[key] = self._ocr_done.get(key, 0) + 1
 
     def _set_progress(self, tenant: str, document_id: str, done: int | None, total: int = 0) -> None:
         with self._progress_lock:
             if done is None:
                 self._progress.pop((tenant, document_id), None)
                 self._ocr_done.pop((tenant, document_id), None)
+                self._ocr_backlog.pop((tenant, document_id), None)
             else:
                 self._progress[(tenant, document_id)] = (done, total)
 
@@ -254,7 +263,7 @@ class IndexingWorker:
         call = extraction_call(Path(file_path), internal_id(tenant, document_id), settings.language_probe_chars,
                                ExtractionLimits.from_settings(settings),
                                {"ocr": services.engine.ocr.shared_by(settings.index_workers)},
-                               on_progress=lambda _page: self._count_ocr_page(tenant, document_id))
+                               on_progress=lambda item: self._on_extraction_report(tenant, document_id, item))
         key = (tenant, document_id, generation)
         with self._running_lock:
             self._running[key] = call

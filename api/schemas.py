@@ -56,8 +56,11 @@ class DocumentAccepted(BaseModel):
 
 class IndexingProgress(BaseModel):
     pages_done: int = Field(..., description="Pages read and embedded so far.")
-    pages_total: int = Field(..., description="Pages in the document (0 while its pages are still being read).")
+    pages_total: int = Field(..., description="Pages in the document (0 while its pages are still being counted).")
     ocr_pages: int = Field(0, description="Scanned pages read by OCR so far (OCR takes seconds a page).")
+    ocr_pages_left: int | None = Field(None, description="Pages without a usable text layer that OCR has still to "
+                                       "look at (null for a document that needs no OCR, or before its text layers "
+                                       "are read); 0 once OCR is done.")
 
 
 class DocumentOut(BaseModel):

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from evidentia.language import LanguageDetector
-from evidentia.indexer.ocr import INSTALL_HINT, MISSING_PROBLEMS, OcrEngine, PageText
+from evidentia.indexer.ocr import INSTALL_HINT, MISSING_PROBLEMS, OcrBacklog, OcrEngine, PageText
 from evidentia.indexer.pdf import PdfError, extract_pages
 from evidentia.indexer.worker import ExtractionLimits, extract_bounded
 from evidentia.records import Document
@@ -135,13 +135,15 @@ def index_paths(
     on_ocr_page: Callable[[PageText], None] | None = None,
     doc_id_of: Callable[[Path], str] = lambda path: path.stem,
     limits: "ExtractionLimits | None" = None,
+    on_ocr_backlog: Callable[[OcrBacklog], None] | None = None,
 ) -> IndexSummary:
     """Index every PDF under ``paths``; bad files are recorded, the rest still indexed.
     ``on_document(path, pages)`` is called after each file (pages = 0 on failure).
     With an ``embedder``, each document's pages are embedded (in batches) before
     it is written, and ``on_embedded(pages)`` reports pages as they are done.
     ``ocr`` reads pages without a usable text layer (None: they stay unread and
-    counted); ``on_ocr_page`` reports each page OCR'd.
+    counted); ``on_ocr_page`` reports each page OCR'd, ``on_ocr_backlog`` how many
+    pages of the document being read OCR has still to look at.
     With ``limits``, each file is extracted in a bounded child process
     (indexer/worker.py): a hostile file fails with its reason instead of
     exhausting this process's memory or time."""
@@ -151,12 +153,20 @@ def index_paths(
     # Two files of one run with the same stem would silently replace each other.
     indexed_from: dict[str, Path] = {}
 
+    def report(item: PageText | OcrBacklog) -> None:
+        callback = on_ocr_backlog if isinstance(item, OcrBacklog) else on_ocr_page
+        if callback is not None:
+            callback(item)
+
     def extract(path: Path, doc_id: str) -> Document:
         if limits is None:
-            return extract_pages(Path(path), doc_id, detector, ocr=ocr, on_ocr_page=on_ocr_page)
-        # the same extraction, OCR included, in a bounded child process
+            return extract_pages(Path(path), doc_id, detector, ocr=ocr, on_ocr_page=on_ocr_page,
+                                 on_ocr_backlog=on_ocr_backlog)
+        # the same extraction, OCR included, in a bounded child process, whose reports
+        # come back on one channel
         return extract_bounded(Path(path), doc_id, detector.probe_chars, limits, {"ocr": ocr},
-                               on_progress=on_ocr_page)
+                               on_progress=report)
+
 
     def extracted():
         # Bad files are recorded and skipped here, so the backend only ever
@@ -225,15 +235,23 @@ def index_paths_with_progress(paths: Sequence[Path], backend: SearchBackend, det
         # pages are OCR'd several at a time (EVIDENTIA_OCR_WORKERS): a page's own time, and how many run at once
         at_once = f", {ocr.parallel} at a time" if ocr is not None and ocr.enabled and ocr.parallel > 1 else ""
 
+        ocr_left = 0  # of the document being read: a long scan shows how far OCR has gone
+
         def refresh() -> None:
             ocr_part = f", {ocr_done} OCR'd ({ocr_seconds / ocr_done:.1f} s each{at_once})" if ocr_done else ""
+            if ocr_left:
+                ocr_part += f", {ocr_left} more to read by OCR" if ocr_done else f", {ocr_left} to read by OCR"
             bar.note(f"{pages_done} pages{ocr_part}" + (f", {embedded} embedded" if embedder else ""))
 
-        def on_ocr_page(read: PageText) -> None:
+        def on_ocr_backlog(backlog: OcrBacklog) -> None:
+            nonlocal ocr_left
+            ocr_left = backlog.left
+            refresh()
+
+        def on_ocr_page(read: PageText) -> None:  # shown with the backlog that follows it
             nonlocal ocr_done, ocr_seconds
             ocr_done += 1
             ocr_seconds += read.seconds
-            refresh()
 
         def on_document(path: Path, pages: int) -> None:
             nonlocal pages_done
@@ -248,4 +266,4 @@ def index_paths_with_progress(paths: Sequence[Path], backend: SearchBackend, det
 
         return index_paths(paths, backend, detector, on_document=on_document, embedder=embedder,
                            on_embedded=on_embedded, ocr=ocr, on_ocr_page=on_ocr_page, doc_id_of=doc_id_of,
-                           limits=limits)
+                           limits=limits, on_ocr_backlog=on_ocr_backlog)

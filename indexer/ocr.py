@@ -179,6 +179,16 @@ class OcrEngine:
 
 
 @dataclass(frozen=True)
+class OcrBacklog:
+    """How much of a document OCR still has to look at: reported once its text layers
+    are read (before the first page goes to Tesseract) and after each such page, so
+    that a scan of 300 pages shows how far it is, not only how many pages are done."""
+
+    pages: int  # in the document
+    left: int  # pages without a usable text layer not yet looked at
+
+
+@dataclass(frozen=True)
 class PageText:
     """How a page's text was obtained."""
 

@@ -11,8 +11,9 @@ from typing import Callable, Iterable
 
 import pymupdf
 
-from evidentia.indexer.ocr import (FIGURE_CAPTION_LETTERS, NONE, OCR, TEXT, UNREAD, OcrEngine, PageText, Rendered,
-                                   TesseractPool, TesseractRun, has_letters, is_garbage, prepare_page, read_rendered)
+from evidentia.indexer.ocr import (FIGURE_CAPTION_LETTERS, NONE, OCR, TEXT, UNREAD, OcrBacklog, OcrEngine, PageText,
+                                   Rendered, TesseractPool, TesseractRun, has_letters, is_garbage, prepare_page,
+                                   read_rendered)
 from evidentia.language import CONFIDENT, LanguageDetector
 from evidentia.records import Document, Page
 from evidentia.text import clean_text
@@ -99,11 +100,13 @@ def _unreadable(path: Path, head: bytes) -> str:
 
 def extract_pages(path: Path, doc_id: str, detector: LanguageDetector, ocr: OcrEngine | None = None,
                   on_ocr_page: Callable[[PageText], None] | None = None,
-                  check_page: Callable[[int, str], None] | None = None) -> Document:
+                  check_page: Callable[[int, str], None] | None = None,
+                  on_ocr_backlog: Callable[[OcrBacklog], None] | None = None) -> Document:
     """Read every page, or raise ``PdfError``: a document is never returned half-read.
     Pages without a usable text layer are read by OCR when ``ocr`` is enabled
     (None: OCR off; such pages are then counted as unread). ``on_ocr_page`` is
-    called after each page that went through OCR (for progress). ``check_page(page_number,
+    called after each page that went through OCR, ``on_ocr_backlog`` before the first page
+    OCR looks at and after each one (for progress). ``check_page(page_number,
     text)`` sees each page's text as soon as it is read and may raise ``PdfError``
     to stop (the size caps of indexer/worker.py)."""
     path = Path(path)
@@ -130,6 +133,9 @@ def extract_pages(path: Path, doc_id: str, detector: LanguageDetector, ocr: OcrE
         prior = (_majority_language(detector, [r.text for r in results if r is not None])
                  if pending and engine.enabled else None)
         workers = engine.parallel if engine.enabled else 1
+        backlog = on_ocr_backlog if engine.enabled and pending else None
+        if backlog is not None:
+            backlog(OcrBacklog(doc.page_count, len(pending)))
         # Pages are rendered ahead (at most this many in memory) and read by up to
         # `workers` Tesseract processes at once; they are finished in page order, so
         # the results, check_page and on_ocr_page are those of one page after another.
@@ -163,6 +169,8 @@ def extract_pages(path: Path, doc_id: str, detector: LanguageDetector, ocr: OcrE
                     check_page(page.index + 1, read.text)
                 if read.source == OCR and on_ocr_page:
                     on_ocr_page(read)
+                if backlog is not None:
+                    backlog(OcrBacklog(doc.page_count, len(pending) - position + len(ahead)))
     finally:
         doc.close()
     raw_texts = [r.text for r in results]

@@ -351,7 +351,7 @@ def extract_checked(path: Path, doc_id: str, probe_chars: int, limits: Extractio
                     extract_kwargs: dict | None = None, report: Callable[[Any], None] | None = None):
     """The child's job: size checks, the whole extraction (OCR included, with the
     ``ocr`` engine of ``extract_kwargs``), the text caps; ``report(page_text)``
-    after each page OCR'd."""
+    after each page OCR'd, ``report(ocr_backlog)`` as OCR goes through the scan."""
     from evidentia.language import LanguageDetector
     from evidentia.indexer.pdf import extract_pages
 
@@ -361,6 +361,7 @@ def extract_checked(path: Path, doc_id: str, probe_chars: int, limits: Extractio
     kwargs = dict(extract_kwargs or {})
     if report is not None:
         kwargs["on_ocr_page"] = report  # each OCR'd page (its PageText) goes back to the parent
+        kwargs["on_ocr_backlog"] = report  # and how many pages OCR has still to look at (an OcrBacklog)
     return extract_pages(path, doc_id, detector, check_page=TextCaps(limits, path.name), **kwargs)
 
 

@@ -40,12 +40,14 @@ DocumentId = PathParam(..., description="Your document id.", examples=["acme-202
 def to_out(row: DocumentRow, services: Services | None = None) -> DocumentOut:
     indexing = row.status == "indexing" or row.next_status == "indexing"  # a re-upload reports its progress too
     progress = services.worker.progress(row.tenant, row.document_id) if services and indexing else None
-    ocr_done = services.worker.ocr_progress(row.tenant, row.document_id) if services and indexing else 0
-    if progress is None and ocr_done:  # still extracting: OCR of a scan
-        progress = (0, 0)
+    ocr_done, backlog = services.worker.ocr_progress(row.tenant, row.document_id) if services and indexing \
+        else (0, None)
+    if progress is None and (ocr_done or backlog):  # still extracting: OCR of a scan
+        progress = (0, backlog.pages if backlog else 0)
     return DocumentOut(document_id=row.document_id, status=row.status, reason=row.reason, filename=row.filename,
-                       progress=IndexingProgress(pages_done=progress[0], pages_total=progress[1],
-                                                 ocr_pages=ocr_done) if progress else None,
+                       progress=IndexingProgress(pages_done=progress[0], pages_total=progress[1], ocr_pages=ocr_done,
+                                                 ocr_pages_left=backlog.left if backlog else None)
+                       if progress else None,
                        size_bytes=row.size_bytes, pages=row.pages, empty_pages=row.empty_pages,
                        languages=row.languages, ocr_pages=row.ocr.get("ocr_pages"),
                        ocr_confidence=row.ocr.get("ocr_confidence"), unread_pages=row.ocr.get("unread_pages"),

@@ -4,6 +4,7 @@
 // textContent / text nodes (see keywords.js), never parsed as HTML.
 
 import { appendHighlighted, keywords } from "./keywords.js";
+import { documentStatus } from "./status.js";
 
 const KEY_STORE = "evidentia.apiKey";
 const ANALYST_STORE = "evidentia.analyst";
@@ -168,26 +169,6 @@ function setDocuments(documents) {
   schedulePoll();
 }
 
-function statusText(d) {
-  if (d.status === "ready") {
-    const pages = d.pages === 1 ? "1 page" : `${d.pages} pages`;
-    const parts = [pages];
-    if (d.ocr_pages) {
-      const conf = d.ocr_confidence == null ? "" : ` (confidence ${Math.round(d.ocr_confidence)}%)`;
-      parts.push(`${d.ocr_pages} read by OCR${conf}`);
-    }
-    if (d.unread_pages) parts.push(`${d.unread_pages} scanned page${d.unread_pages === 1 ? "" : "s"} not read`);
-    const blank = (d.empty_pages || 0) - (d.unread_pages || 0);
-    if (blank > 0) parts.push(`${blank} without text`);
-    return parts.join(", ");
-  }
-  if (d.status === "failed") return d.reason || "indexing failed";
-  if (d.status === "queued") return "waiting to be indexed…";
-  if (d.progress && !d.progress.pages_total) return `reading scans by OCR: ${d.progress.ocr_pages} pages…`;
-  if (d.progress) return `indexing ${d.progress.pages_done} / ${d.progress.pages_total} pages…`;
-  return "indexing…";
-}
-
 function renderDocuments() {
   const list = $("doc-list");
   const items = [];
@@ -228,7 +209,7 @@ function renderDocuments() {
     title.title = d.filename;
     const info = document.createElement("span");
     info.className = "doc-info" + (d.status === "failed" ? " error-text" : " muted");
-    info.textContent = statusText(d);
+    info.textContent = documentStatus(d);
     li.append(box, title, badgeFor(d.status), info);
     items.push(li);
   }

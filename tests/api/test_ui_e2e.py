@@ -441,6 +441,30 @@ def test_keywords_module_in_the_browser(browser, server):
     assert_no_script_errors(driver)
 
 
+def test_a_document_line_says_how_far_indexing_has_gone(browser, server):
+    """The states GET /v1/documents/{id} goes through, as the list shows them: a scan's
+    OCR (seconds a page) with what it has still to read, then the pages embedded."""
+    driver = browser
+    driver.get(server.url + "/ui/")
+    lines = driver.execute_async_script("""
+        const done = arguments[0];
+        const progress = (pages_done, pages_total, ocr_pages, ocr_pages_left) =>
+          ({status: "indexing", progress: {pages_done, pages_total, ocr_pages, ocr_pages_left}});
+        import('/ui/status.js').then((m) => done([
+          {status: "queued", progress: null},
+          progress(0, 40, 0, 40), progress(0, 40, 12, 27), progress(0, 40, 38, 0), progress(25, 40, 38, 0),
+          progress(120, 300, 0, null), {status: "indexing", progress: null},
+          {status: "ready", pages: 40, ocr_pages: 38, ocr_confidence: 91.4, unread_pages: 1, empty_pages: 2},
+        ].map(m.documentStatus))).catch((e) => done([String(e)]));
+    """)
+    assert lines == ["waiting to be indexed…",
+                     "reading scans by OCR: 0 read, 40 to go (40 pages)…",
+                     "reading scans by OCR: 12 read, 27 to go (40 pages)…",
+                     "indexing 0 / 40 pages…", "indexing 25 / 40 pages…", "indexing 120 / 300 pages…", "indexing…",
+                     "40 pages, 38 read by OCR (confidence 91%), 1 scanned page not read, 1 without text"]
+    assert_no_script_errors(driver)
+
+
 # -- server-side marks on the page image (no browser) ------------------------------
 def test_highlight_terms_are_normalised_and_bounded():
     assert highlight_terms("Scope emissions 12,450 $1577.00 a 2023 2023") == ["scope", "emissions", "12450", "1577",

@@ -188,10 +188,14 @@ def test_cli_index_reports_ocr_and_docs_counts(tmp_path, three_languages, monkey
 
     monkeypatch.setenv("EVIDENTIA_OCR", "on")
     monkeypatch.setenv("EVIDENTIA_OCR_DPI", "150")
+    monkeypatch.setenv("EVIDENTIA_PROGRESS_INTERVAL_S", "0.001")  # a line for each step, as in a pipe
     runner = CliRunner()
     result = runner.invoke(app, ["index", str(three_languages)])
     assert result.exit_code == 0, result.output
     assert re.search(r"OCR: 3 page\(s\) read in [\d.]+ s", result.stderr)
+    # while the scan is read: how much OCR has still to do
+    assert "0 pages, 3 to read by OCR" in result.stderr
+    assert re.search(r"0 pages, 1 OCR'd \([\d.]+ s each(, \d at a time)?\), 2 more to read by OCR", result.stderr)
     docs = runner.invoke(app, ["docs"]).stdout.strip()
     assert docs.splitlines()[0].endswith("\tOCR pages (confidence)\tunread scans")
     assert re.fullmatch(r"default\tcertificates\t3\t0\ten:1, fr:1, de:1\t3 \(\d+\)\t0", docs.splitlines()[1])
@@ -325,6 +329,7 @@ def parallel_reads(tmp_path_factory) -> dict:
 
     path = scanned_pdf(tmp_path_factory.mktemp("parallel") / "scan.pdf", PARALLEL_PAGES)
     calls: dict[int, list] = {1: [], 2: []}  # per worker count: each progress call's PageText
+    backlog: list = []  # with 2: each OcrBacklog, in order with the pages OCR'd
     one = extract_pages(path, "scan", LanguageDetector(), ocr=replace(TESSERACT, workers=1),
                         on_ocr_page=calls[1].append)
     seen, done = [0], threading.Event()
@@ -337,11 +342,12 @@ def parallel_reads(tmp_path_factory) -> dict:
     sampler.start()
     try:
         two = extract_pages(path, "scan", LanguageDetector(), ocr=replace(TESSERACT, workers=2),
-                            on_ocr_page=calls[2].append)
+                            on_ocr_page=lambda read: (calls[2].append(read), backlog.append("page")),
+                            on_ocr_backlog=backlog.append)
     finally:
         done.set()
         sampler.join()
-    return {"one": one, "two": two, "calls": calls, "most_at_once": max(seen)}
+    return {"one": one, "two": two, "calls": calls, "most_at_once": max(seen), "backlog": backlog}
 
 
 @needs_tesseract
@@ -363,6 +369,28 @@ def test_progress_comes_once_per_ocr_page_in_page_order(parallel_reads):
     two = parallel_reads["two"]
     assert [r.text for r in parallel_reads["calls"][2]] == [p.raw_text for p in two.pages if p.text_source == "ocr"]
     assert parallel_reads["most_at_once"] == 2  # pages were read two at once, never more
+
+
+@needs_tesseract
+def test_the_backlog_counts_down_every_page_ocr_looks_at(parallel_reads):
+    from evidentia.indexer.ocr import OcrBacklog
+
+    # all 5 pages lack a text layer; page 1 ("2023") is looked at and not kept as OCR text
+    assert parallel_reads["backlog"] == [OcrBacklog(5, 5), OcrBacklog(5, 4), "page", OcrBacklog(5, 3), "page",
+                                         OcrBacklog(5, 2), "page", OcrBacklog(5, 1), "page", OcrBacklog(5, 0)]
+
+
+def test_a_document_that_needs_no_ocr_reports_no_backlog(tmp_path):
+    from evidentia.samples import write_pdf
+
+    backlog = []
+    # pages of more than FIGURE_CAPTION_LETTERS letters: settled by their text layer alone
+    path = write_pdf(tmp_path / "digital.pdf", [TEXTS["en"] * 4, TEXTS["fr"] * 4])
+    extract_pages(path, "digital", LanguageDetector(), ocr=TESSERACT, on_ocr_backlog=backlog.append)
+    assert backlog == []
+    extract_pages(scanned_pdf(tmp_path / "scan.pdf", [TEXTS["en"]]), "scan", LanguageDetector(),
+                  ocr=OcrEngine(mode="off"), on_ocr_backlog=backlog.append)
+    assert backlog == []  # OCR off: nothing will look at the scan
 
 
 @needs_tesseract
@@ -537,7 +565,12 @@ def test_api_reports_ocr_pages_and_page_sources(tmp_path):
             if doc["progress"]:
                 seen.append(doc["progress"])
             time.sleep(0.02)
-        assert {"pages_done": 0, "pages_total": 0, "ocr_pages": 1} in seen, seen
+        # OCR's progress shows before the embedding's: the document's 3 pages, and the
+        # pages OCR has read and has still to look at (page 3's short text layer too)
+        assert seen[0] == {"pages_done": 0, "pages_total": 3, "ocr_pages": 0, "ocr_pages_left": 3}, seen
+        assert {"pages_done": 0, "pages_total": 3, "ocr_pages": 1, "ocr_pages_left": 2} in seen, seen
+        lefts = [p["ocr_pages_left"] for p in seen]
+        assert lefts == sorted(lefts, reverse=True) and lefts[-1] == 0, seen
         assert doc["progress"] is None
         assert (doc["ocr_pages"], doc["unread_pages"], doc["caption_only_pages"], doc["unread_reason"]) == (2, 0, 0, None)
         assert doc["ocr_confidence"] > 75
