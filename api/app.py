@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from evidentia.api.errors import DESCRIPTIONS, ApiError, body_too_large, file_too_large, install_handlers
-from evidentia.api.http_guard import UploadKeyMiddleware
+from evidentia.api.http_guard import RelativeRedirectMiddleware, UploadKeyMiddleware
 from evidentia.api.metrics import BodyLimitMiddleware, MetricsMiddleware
 from evidentia.api.routers import admin, documents, feedback, health, validate
 from evidentia.api.routers.ui import install_docs, install_ui
@@ -67,6 +67,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, limit_for=body_limit)
     app.add_middleware(UploadKeyMiddleware, services=services)  # 401 before an upload body is read
     app.add_middleware(MetricsMiddleware, metrics=services.metrics)
+    app.add_middleware(RelativeRedirectMiddleware)  # a Location never names a host the client sent
 
     for module in (documents, validate, feedback, admin, health):
         app.include_router(module.router)

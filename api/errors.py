@@ -39,7 +39,7 @@ DESCRIPTIONS = {
     404: "No such resource for your tenant.",
     409: "A document is not ready (still indexing, or failed), or is gone.",
     413: "Upload too large (bytes or pages).",
-    415: "The upload is not a PDF.",
+    415: "The upload is not a PDF, or a JSON body came without Content-Type: application/json.",
     422: "A field is missing, has the wrong type or is outside its limits.",
     429: "Rate limit of your API key exceeded; retry after Retry-After seconds.",
     503: "Not ready yet, or the search engine / reranker is unavailable.",
@@ -128,6 +128,15 @@ def _bounded_loc(loc) -> list:
     return [bounded_echo(p) if isinstance(p, str) else p for p in loc]
 
 
+def not_json_body(request: Request, raw: list[dict]) -> bool:
+    """The route wanted a JSON object and the request did not say its body is JSON."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    is_json = kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json"))
+    return not is_json and any(tuple(e.get("loc", ())) == ("body",) and e.get("type") in ("model_attributes_type",
+                                                                                          "dict_type", "missing")
+                               for e in raw)
+
+
 def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
@@ -140,6 +149,11 @@ def install_handlers(app: FastAPI) -> None:
                     "type": e.get("type", "")} for e in raw]
         if any(e.get("type") == "json_invalid" for e in raw):
             return error_response(400, "invalid_json", "the request body is not valid JSON", details)
+        if not_json_body(request, raw):  # FastAPI reads such a body as a string, then "not a dictionary"
+            sent = request.headers.get("content-type", "").split(";")[0].strip()
+            said = f"this request's is {bounded_echo(sent)!r}" if sent else "this request has none"
+            return error_response(415, "unsupported_media_type",
+                                  f"the body must be JSON, sent with Content-Type: application/json ({said})")
         for d in details:  # a form without a file part (or cut short), or a file part without a filename
             if d["loc"] == ["body", "file"] and ("Expected UploadFile" in d["message"] or d["type"] == "missing"):
                 d["message"] = NO_FILE_MESSAGE

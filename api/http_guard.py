@@ -15,12 +15,19 @@ bounded by uvicorn's ``limit_concurrency`` (EVIDENTIA_HTTP_MAX_CONNECTIONS,
 route's dependencies, so a 50 MB upload without a key was read in full before
 the 401. This middleware checks the key of ``POST /v1/documents`` from the
 headers alone and answers 401 before a byte of the body is read.
+
+``RelativeRedirectMiddleware``: Starlette's trailing-slash redirect (``/v1/documents/``
+to ``/v1/documents``) writes an absolute ``Location`` from the request's ``Host``
+header, so whoever sends the request chooses the host a client is sent to (and a
+shared cache may keep it). A redirect to this server's own path goes out as that
+path alone, which every client resolves against the host it asked.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from urllib.parse import urlsplit
 
 import anyio
 import h11
@@ -130,3 +137,38 @@ class UploadKeyMiddleware:
         if store is not None and store.authenticate(key) is None:
             return "invalid API key (revoked, mistyped or from another server)"
         return None
+
+
+REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+
+
+class RelativeRedirectMiddleware:
+    """A redirect to the requested host goes out with a relative ``Location``."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        host = dict(scope.get("headers") or []).get(b"host", b"").decode("latin-1").lower()
+
+        async def send_relative(message) -> None:
+            if message["type"] == "http.response.start" and message.get("status") in REDIRECT_STATUSES:
+                message = {**message, "headers": [(name, _relative(value, host) if name.lower() == b"location"
+                                                   else value) for name, value in message.get("headers", [])]}
+            await send(message)
+
+        await self.app(scope, receive, send_relative)
+
+
+def _relative(location: bytes, host: str) -> bytes:
+    """``http://HOST/path?q`` -> ``/path?q`` when HOST is the request's own (or it has none)."""
+    parts = urlsplit(location.decode("latin-1"))
+    if not parts.netloc or parts.netloc.lower() != host:
+        return location  # already relative, or somewhere else on purpose
+    path = parts.path or "/"
+    if path.startswith("//"):  # would read as a host
+        path = "/" + path.lstrip("/")
+    return (path + (f"?{parts.query}" if parts.query else "")).encode("latin-1")

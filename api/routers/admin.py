@@ -15,7 +15,7 @@ router = APIRouter(prefix="/v1/admin", tags=["admin"], dependencies=[Depends(req
 
 @router.post("/keys", status_code=201, response_model=KeyCreated, summary="Create an API key for a tenant",
              description="The key is in this answer only; the server keeps a salted hash.",
-             responses=errors(400, 401, 403, 422))
+             responses=errors(400, 401, 403, 415, 422))
 async def create_key(body: KeyCreate, services: Services = Depends(get_services)) -> KeyCreated:
     new = await run_in_threadpool(services.store.create_key, body.tenant)
     return KeyCreated(key_id=new.info.key_id, tenant=new.info.tenant, created=new.info.created, key=new.key)

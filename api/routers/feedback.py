@@ -38,7 +38,7 @@ def _check(services: Services, caller: Caller, body: FeedbackRequest):
                 "export). The page's text is kept with it, so the export stays valid if the document is later "
                 f"uploaded again. At most {MAX_VERDICTS_PER_PAGE} analysts' judgements per page of a validation.",
     responses={
-        **errors(400, 401, 404, 409, 422, 429, 503),
+        **errors(400, 401, 404, 409, 415, 422, 429, 503),
         409: {"model": ErrorResponse, "description": (
             "The document was deleted since the validation (`document_gone`), or uploaded again and re-indexed "
             "(`document_changed`: its pages are another file's; validate again), or the page already has "

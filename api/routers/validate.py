@@ -79,7 +79,7 @@ def _external(doc_ids) -> list[str]:
                 "`missing_vectors` for it (upload it again, or use `bm25`), and one embedded with another "
                 "EVIDENTIA_DENSE_MODEL 409 `vector_model_mismatch`.",
     responses={
-        **errors(400, 401, 404, 409, 422, 429, 503, 504),
+        **errors(400, 401, 404, 409, 415, 422, 429, 503, 504),
         409: {"model": ErrorResponse, "description": (
             "A document is not ready (`document_not_ready`), is gone from the index (`document_gone`), or, for the "
             "`dense` and `hybrid` stages, has no page embeddings because it was uploaded while EVIDENTIA_DENSE was "

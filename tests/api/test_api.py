@@ -436,6 +436,19 @@ def test_validate_errors(client, sample_pdf):
     assert err["details"] == {"document_ids": ["ghost"]}
     assert_error(client.post("/v1/validate", headers={**h, "content-type": "application/json"}, content=b"{oops"),
                  400, "invalid_json")
+    # JSON sent as another media type (curl -d sends form-urlencoded): 415 says what to send
+    good = b'{"question": "q", "document_ids": ["acme-2023"]}'
+    for kind, said in (("text/plain; charset=utf-8", "'text/plain'"), ("application/x-www-form-urlencoded",
+                                                                          "'application/x-www-form-urlencoded'")):
+        err = assert_error(client.post("/v1/validate", headers={**h, "content-type": kind}, content=good),
+                           415, "unsupported_media_type")
+        assert err["message"] == ("the body must be JSON, sent with Content-Type: application/json "
+                                  f"(this request's is {said})")
+    assert "this request has none" in assert_error(client.post("/v1/validate", headers=h, content=good), 415)["message"]
+    assert client.post("/v1/validate", headers={**h, "content-type": "application/json; charset=utf-8"},
+                       content=good).status_code == 200
+    # JSON, but not an object
+    assert_error(client.post("/v1/validate", headers=h, json=[good.decode()]), 422, "validation_error")
     nan = client.post("/v1/validate", headers={**h, "content-type": "application/json"},
                       content=b'{"question": "q", "document_ids": ["acme-2023"], "reranker": "classifier", '
                               b'"threshold": NaN}')

@@ -117,3 +117,18 @@ def test_connections_over_the_cap_get_503(server):
             s.close()
     time.sleep(0.3)
     assert httpx.get(server.url + "/health", timeout=2).status_code == 200
+
+
+def test_a_trailing_slash_redirect_names_no_host_the_client_sent(server):
+    """Starlette's redirect wrote the Host header into Location: the sender chose where a
+    client (or a shared cache) is sent. Now the Location is this server's path alone."""
+    key = {"X-API-Key": "ev_not_a_key"}
+    for host in ("evil.example", "EVIL.example:8443"):
+        r = httpx.get(server.url + "/v1/documents/?limit=5", headers={"Host": host, **key}, follow_redirects=False)
+        assert r.status_code == 307 and r.headers["location"] == "/v1/documents?limit=5", r.headers
+    # a path that would read as another host (//evil.example) keeps to this one
+    r = httpx.get(server.url + "//evil.example/", headers={"Host": "x.test"}, follow_redirects=False)
+    assert r.status_code == 404 or not r.headers["location"].startswith("//"), r.headers
+    # followed, it lands on this server, whatever Host was sent
+    r = httpx.get(server.url + "/v1/documents/", headers=key, follow_redirects=True)
+    assert r.status_code == 401 and r.url.path == "/v1/documents"
