@@ -35,12 +35,40 @@ def serve_command(
     if log_level.lower() not in ("critical", "error", "warning", "info", "debug"):
         raise fail(f"--log-level {log_level!r}: use critical, error, warning, info or debug")
     log_level = log_level.lower()
+    # before anything loads: a port in use was found only after the models loaded
+    # and "Application startup complete", as uvicorn's bare [Errno 98]
+    problem = listen_problem(host, port)
+    if problem:
+        raise fail(problem)
     settings = _settings()
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(settings)
     # One process: the store, the indexing worker and the cached models are per
     # process (and tantivy allows one writer); scale with threads, not workers.
     uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=10, **server_limits(settings))
+
+
+def listen_problem(host: str, port: int) -> str | None:
+    """Why the server could not listen on host:port (None: it can), in one line."""
+    import errno
+    import socket
+
+    if not 0 < port < 65536:
+        return f"--port {port}: use a TCP port from 1 to 65535"
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        return f"--host {host}: not an address of this machine ({exc.strerror})"
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return f"--port {port}: {host}:{port} is already in use (another server?); choose another --port"
+            return f"--host {host} --port {port}: cannot listen there ({exc.strerror or exc})"
+    return None
 
 
 def server_limits(settings) -> dict:

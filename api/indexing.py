@@ -42,7 +42,7 @@ from evidentia.api.errors import without_server_details
 from evidentia.indexer.ocr import OcrBacklog
 from evidentia.indexer.pdf import PdfError
 from evidentia.indexer.worker import BoundedCall, ExtractionLimits, WorkFailed, extraction_call
-from evidentia.indexing import embed_document, unread_reason
+from evidentia.indexing import embed_document, ocr_stats
 from evidentia.retriever.base import BackendError
 from evidentia.tenants import internal_id
 
@@ -361,13 +361,3 @@ class IndexingWorker:
             if self._stop.wait(2.0 ** attempt):
                 return  # shutting down: stays 'indexing', re-queued at the next start
         self._fail(tenant, document_id, generation, f"search engine error: {reason}; upload the file again")
-
-
-def ocr_stats(document) -> dict:
-    """What the document row keeps of how its pages were read (see indexer/ocr.py)."""
-    stats: dict = {"ocr_pages": document.ocr_pages, "unread_pages": document.unread_pages,
-                   "caption_only_pages": document.caption_only_pages,
-                   "ocr_confidence": document.ocr_confidence, "ocr_seconds": round(document.ocr_seconds, 2)}
-    if document.unread_pages or document.caption_only_pages:
-        stats["unread_reason"] = unread_reason(document.ocr_problem)
-    return stats

@@ -9,6 +9,7 @@ scikit-learn and matplotlib are imported when the command runs. Nor is
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -121,6 +122,7 @@ def eval_command(
         raise fail("--pool-size must be a positive integer")
     if pdf_dir is not None and not pdf_dir.is_dir():
         raise fail(f"--pdf-dir {pdf_dir}: no such folder")
+    check_outputs(run_out, report)  # before the run, which may take many minutes
     try:
         if reranker is not None:
             compare = "bm25" if reranker == "none" else f"bm25+{reranker}"
@@ -188,3 +190,29 @@ def format_text(result: dict) -> str:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(typer.run(eval_command))
+
+
+def check_outputs(run_out: Path | None, report: Path | None) -> None:
+    """Fail at once (exit 1) where --run-out or --report cannot be written: a typo in
+    either was found only after a run of minutes. The report's folder is made now."""
+    from evidentia.console import EXIT_BAD_INPUT, fail
+
+    if run_out is not None:
+        if run_out.is_dir():
+            raise fail(f"--run-out {run_out} is a folder: give a file name (one JSON line per query)", EXIT_BAD_INPUT)
+        try:
+            run_out.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise fail(f"--run-out {run_out}: {exc.strerror or exc}", EXIT_BAD_INPUT)
+        if not os.access(run_out.parent, os.W_OK) or (run_out.exists() and not os.access(run_out, os.W_OK)):
+            raise fail(f"--run-out {run_out}: not writable", EXIT_BAD_INPUT)
+    if report is not None:
+        if report.exists() and not report.is_dir():
+            raise fail(f"--report {report} is a file: give a folder (the report is index.html and its plots)",
+                       EXIT_BAD_INPUT)
+        try:
+            report.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise fail(f"--report {report}: {exc.strerror or exc}", EXIT_BAD_INPUT)
+        if not os.access(report, os.W_OK):
+            raise fail(f"--report {report}: not writable", EXIT_BAD_INPUT)

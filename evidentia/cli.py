@@ -299,19 +299,30 @@ def demo(keep: bool = typer.Option(False, "--keep", help="Index the sample into 
     with tempfile.TemporaryDirectory(prefix="evidentia-demo-") as tmp:
         # the demo leaves nothing behind unless told: its index lives in the temporary folder
         ctx = Context(batch=True) if keep else Context(batch=True, data_dir=Path(tmp) / "data")
-        pdf = write_sample_report(Path(tmp) / "acme-sustainability-2023.pdf")
+        pdf = write_sample_report(Path(tmp) / f"{DEMO_DOCUMENT}.pdf")
         _index(ctx, [pdf], kept=keep)
         library = _library(ctx)
-        result = ctx.engine.search(SAMPLE_QUESTION, SAMPLE_ANSWER, library.resolve(None, ["acme-sustainability-2023"]),
-                                   ctx.config(stage="bm25", reranker="none", pool_size=3))
+        # the stage `evidentia search` uses by default, so that the two agree
+        result = ctx.engine.search(SAMPLE_QUESTION, SAMPLE_ANSWER, library.resolve(None, [DEMO_DOCUMENT]),
+                                   ctx.config(reranker="none", pool_size=3))
         typer.echo(f"\nQ: {SAMPLE_QUESTION}\nA: {SAMPLE_ANSWER}\n")
+        ranked_by = ("BM25 (the sample's pages have no embeddings: EVIDENTIA_DENSE=off)" if result.without_vectors
+                     else STAGE_WORDS.get(result.stage, result.stage))
+        typer.echo(f"The best pages, ranked by {ranked_by}:")
         for rank, c in enumerate(result.candidates, 1):
-            typer.echo(f"{rank}. page {c.page} (score {c.score:.2f}, {c.language}): {c.snippet[:200]}")
+            typer.echo(f"{rank}. page {c.page} (score {c.score:.4g}, {c.language}): {c.snippet[:200]}")
         library.close()
         ctx.engine.close()
-        where = (f"kept in {ctx.settings.data_dir} (remove it with `evidentia delete acme-sustainability-2023`)"
-                 if keep else "indexed in a temporary folder, now removed; `evidentia demo --keep` keeps it")
+        where = (f"kept in {ctx.settings.data_dir}: search it with `evidentia search --doc {DEMO_DOCUMENT} -q "
+                 f"\"...\"`, remove it with `evidentia delete {DEMO_DOCUMENT}`" if keep
+                 else "indexed in a temporary folder, now removed; `evidentia demo --keep` keeps it")
         typer.echo(f"\nThe sample report was {where}. Your own files: `evidentia index FOLDER`.", err=True)
+
+
+DEMO_DOCUMENT = "acme-sustainability-2023"
+STAGE_WORDS = {"hybrid": "hybrid (BM25 and dense retrieval fused; score: 1/(60 + rank) summed)",
+               "bm25": "BM25",
+               "dense": "dense retrieval (the cosine of question and page)"}
 
 
 def main() -> None:

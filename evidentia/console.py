@@ -124,13 +124,36 @@ class Context:
             self.index_missing(doc_ids, folder)
         missing = self.engine.missing_documents(doc_ids)
         if missing:
-            raise fail(missing_message(missing), EXIT_BAD_INPUT)
+            raise fail(missing_message(missing) + self._in_other_tenants(missing), EXIT_BAD_INPUT)
+
+    def _in_other_tenants(self, missing: Sequence[str]) -> str:
+        """Labelled queries name the default tenant's documents: say so where the missing
+        ones were uploaded by another tenant (its API key), else nothing."""
+        from evidentia.library import Library
+
+        library = Library(self.engine)
+        try:
+            _, elsewhere = library.elsewhere(None, missing)
+        finally:
+            library.close()
+        if not elsewhere:
+            return ""
+        shown = ", ".join(elsewhere[:5]) + (f" and {len(elsewhere) - 5} more" if len(elsewhere) > 5 else "")
+        return (f" ({shown}: another tenant's upload; labelled queries read the documents of the tenant 'default', so "
+                "index those PDFs for it too)")
 
     def index_missing(self, doc_ids: Sequence[str], folder: Path) -> None:
         """Index, from ``folder``, the documents the index lacks (commands that take
-        labelled queries and a PDF folder); each bad PDF and a summary go to stderr."""
+        labelled queries and a PDF folder), as the default tenant's (its API key sees
+        them); each bad PDF and a summary go to stderr."""
+        from evidentia.library import Library
+
         self.backend  # noqa: B018 (opens it, or fails with the right exit code)
-        summary = self.engine.index_missing(doc_ids, folder)
+        library = Library(self.engine)
+        try:
+            summary = library.index_missing(doc_ids, folder)
+        finally:
+            library.close()
         if summary is not None:
             for failure in summary.failures:
                 typer.echo(f"error: {failure.reason}", err=True)

@@ -42,6 +42,7 @@ class IndexSummary:
     unread_pages: int = 0  # pages that show something but were not read (OCR off, no Tesseract, OCR failed)
     unread_reason: str = ""  # why, one line (the first reason met)
     caption_only_pages: int = 0  # scans or figures that kept only a short text layer (OCR could not run)
+    ocr: dict[str, dict] = field(default_factory=dict)  # doc id -> how its pages were read (ocr_stats)
 
     def line(self) -> str:
         return (f"{self.documents} document(s), {self.pages} page(s) indexed, "
@@ -73,6 +74,7 @@ class IndexSummary:
         if (document.unread_pages or document.caption_only_pages) and not self.unread_reason:
             self.unread_reason = unread_reason(document.ocr_problem)
         self.doc_ids.append(document.doc_id)
+        self.ocr[document.doc_id] = ocr_stats(document)
 
     def embedding_line(self) -> str | None:
         """What the embeddings cost, or None when none were computed."""
@@ -82,6 +84,17 @@ class IndexSummary:
         share = f", {100 * self.embed_seconds / self.seconds:.0f}% of indexing time" if self.seconds > 0 else ""
         return (f"embeddings: {self.embedded_pages} page(s) in {self.embed_seconds:.1f} s "
                 f"({rate:.1f} pages/s{share}); EVIDENTIA_DENSE=off skips them")
+
+
+def ocr_stats(document: Document) -> dict:
+    """What a document's store row keeps of how its pages were read (see indexer/ocr.py):
+    the same for an upload and for a document the CLI indexed."""
+    stats: dict = {"ocr_pages": document.ocr_pages, "unread_pages": document.unread_pages,
+                   "caption_only_pages": document.caption_only_pages,
+                   "ocr_confidence": document.ocr_confidence, "ocr_seconds": round(document.ocr_seconds, 2)}
+    if document.unread_pages or document.caption_only_pages:
+        stats["unread_reason"] = unread_reason(document.ocr_problem)
+    return stats
 
 
 def unread_reason(problem: str) -> str:
@@ -228,7 +241,8 @@ def index_paths_with_progress(paths: Sequence[Path], backend: SearchBackend, det
     from evidentia.progress import Progress
 
     files, _ = find_pdfs(paths)
-    with Progress(len(files), "indexing", "documents", show=show, every_s=every_s) as bar:
+    # nothing to index (a path that does not exist): the summary's error says so, with no "0/0" line
+    with Progress(len(files), "indexing", "documents", show=show and bool(files), every_s=every_s) as bar:
         pages_done = embedded = ocr_done = 0
         ocr_seconds = 0.0
 
@@ -241,7 +255,9 @@ def index_paths_with_progress(paths: Sequence[Path], backend: SearchBackend, det
             ocr_part = f", {ocr_done} OCR'd ({ocr_seconds / ocr_done:.1f} s each{at_once})" if ocr_done else ""
             if ocr_left:
                 ocr_part += f", {ocr_left} more to read by OCR" if ocr_done else f", {ocr_left} to read by OCR"
-            bar.note(f"{pages_done} pages{ocr_part}" + (f", {embedded} embedded" if embedder else ""))
+            # pages of the documents written to the index; the one being read is OCR'd
+            # and embedded first, so "embedded" runs ahead of "written"
+            bar.note(f"{pages_done} pages written{ocr_part}" + (f", {embedded} embedded" if embedder else ""))
 
         def on_ocr_backlog(backlog: OcrBacklog) -> None:
             nonlocal ocr_left

@@ -81,10 +81,22 @@ class Library:
                                           doc_id_of=lambda path: internal_id(tenant, document_id_for(path.name)))
         for doc_id in summary.doc_ids:
             _, document_id = split_internal_id(doc_id)
-            self._record(tenant, document_id, summary.sources[doc_id], doc_id)
+            self._record(tenant, document_id, summary.sources[doc_id], doc_id, summary.ocr.get(doc_id))
         return summary
 
-    def _record(self, tenant: str, document_id: str, source: Path, doc_id: str) -> None:
+    def index_missing(self, doc_ids: Sequence[str], pdf_dir: Path, progress: bool = True) -> "IndexSummary | None":
+        """``Engine.index_missing`` (labelled queries name their documents by file stem),
+        recorded in the store as the default tenant's, as `evidentia index` records them:
+        what `eval` and `dataset` index is seen by that tenant's API key too. A stem that
+        is not a document id (spaces, accents) stays searchable from the CLI only."""
+        summary = self.engine.index_missing(doc_ids, pdf_dir, progress=progress)
+        for doc_id in summary.doc_ids if summary is not None else ():
+            tenant, document_id = split_internal_id(doc_id)
+            if tenant == DEFAULT_TENANT and document_id_for(document_id) == document_id:
+                self._record(tenant, document_id, summary.sources[doc_id], doc_id, summary.ocr.get(doc_id))
+        return summary
+
+    def _record(self, tenant: str, document_id: str, source: Path, doc_id: str, ocr: dict | None = None) -> None:
         generation = uuid.uuid4().hex
         folder = uploads_dir(self.settings.data_dir) / tenant / generation
         folder.mkdir(parents=True, exist_ok=True)
@@ -94,11 +106,12 @@ class Library:
         row, superseded = self.store.put_document(tenant, document_id, source.name, copy.stat().st_size,
                                                   str(copy), generation, replace_ready=True)
         info = self.engine.backend.get_document(doc_id)
+        if ocr is None and info is not None:
+            ocr = {"ocr_pages": info.ocr_pages, "unread_pages": info.unread_pages,
+                   "ocr_confidence": info.ocr_confidence}
         self.store.set_status(tenant, document_id, generation, "ready", pages=info.pages if info else None,
                               empty_pages=info.empty_pages if info else None,
-                              languages=info.languages if info else None,
-                              ocr={"ocr_pages": info.ocr_pages, "unread_pages": info.unread_pages,
-                                   "ocr_confidence": info.ocr_confidence} if info else None)
+                              languages=info.languages if info else None, ocr=ocr)
         for _, old_path in superseded:
             if Path(old_path).parent != folder:
                 shutil.rmtree(Path(old_path).parent, ignore_errors=True)
@@ -155,7 +168,7 @@ class Library:
             return None
         if row.status == "failed":
             return f"{document_id} failed to index: {row.reason or 'no reason recorded'}"
-        return f"{document_id} is still {row.status} (`evidentia docs` lists it once it is ready)"
+        return f"{document_id} is still {row.status}: `evidentia docs` shows when it is ready"
 
     def resolve(self, tenant: str | None, document_ids: Sequence[str]) -> list[str]:
         """The index ids of a tenant's documents."""

@@ -310,6 +310,8 @@ def test_demo(cli):
     assert len(ranked) == 3
     assert ranked[0].startswith("1. page 2 (")
     assert "Scope 1 and Scope 2" in ranked[0]
+    # ranked by the stage `search` would use, and saying which (EVIDENTIA_DENSE=off here: BM25)
+    assert "\nThe best pages, ranked by BM25:\n" in result.stdout
     assert summary_line(1, 6, 1, 0) in result.stdout
     # the demo leaves nothing in the index (test_demo_leaves_nothing_behind_unless_kept)
     assert cli("docs").stdout.strip() == "no document indexed"
@@ -398,7 +400,8 @@ def test_search_says_an_upload_is_still_indexing_or_failed_not_unknown(cli, cli_
     queued, or one that failed, says so (the API's 409), instead of "unknown"."""
     _store_uploads(cli_env)
     queued = cli("search", "--tenant", "acme", "--doc", "queued-report", "-q", "emissions")
-    assert queued.exit_code == 1 and "queued-report is still queued" in queued.stderr
+    assert queued.exit_code == 1
+    assert queued.stderr == "error: queued-report is still queued: `evidentia docs` shows when it is ready\n"
     failed = cli("search", "--tenant", "acme", "--doc", "broken", "-q", "emissions")
     assert failed.exit_code == 1 and "broken failed to index: encrypted PDF (password required)" in failed.stderr
     unknown = cli("search", "--tenant", "acme", "--doc", "nothing", "-q", "emissions")
@@ -413,6 +416,7 @@ def test_demo_leaves_nothing_behind_unless_kept(cli, cli_env):
     assert not cli_env.exists()
     kept = cli("demo", "--keep")
     assert kept.exit_code == 0 and f"kept in {cli_env}" in kept.stderr and "lists them" in kept.stderr
+    assert "search it with `evidentia search --doc acme-sustainability-2023 -q" in kept.stderr
     assert "acme-sustainability-2023" in cli("docs").stdout
 
 

@@ -59,9 +59,14 @@ def test_cli_index_in_a_pipe_prints_progress_lines(multilingual_pdf, tmp_path):
     proc = subprocess.run([str(exe), "index", str(multilingual_pdf.path)], capture_output=True, text=True, env=env,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert "indexing: 1/1 documents, 9 pages (" in proc.stderr
+    assert "indexing: 1/1 documents, 9 pages written (" in proc.stderr
     # no third-party noise in normal output
     assert "Warning" not in proc.stderr and "Loading weights" not in proc.stderr
+    # a path that does not exist: its error, and no "indexing: 0/0 documents" line before it
+    missing = subprocess.run([str(exe), "index", str(tmp_path / "nope.pdf")], capture_output=True, text=True,
+                             env=env, timeout=120)
+    assert missing.returncode == 1
+    assert missing.stderr == f"error: {tmp_path / 'nope.pdf'}: no such file or folder\n", missing.stderr
 
 
 def test_api_document_status_counts_pages_while_indexing(tmp_path):

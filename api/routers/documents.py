@@ -75,7 +75,8 @@ def require_ready(row: DocumentRow) -> None:
 def not_ready_message(row: DocumentRow) -> str:
     if row.status == "failed":
         return f"document {row.document_id} failed: {row.reason}"
-    return f"document {row.document_id} is still indexing ({row.status}); poll GET /v1/documents/{row.document_id}"
+    waiting = "is still indexing" if row.status == "indexing" else "is still queued for indexing"
+    return f"document {row.document_id} {waiting}; poll GET /v1/documents/{row.document_id}"
 
 
 def _fsync_dir(path: Path) -> None:

@@ -34,12 +34,13 @@ SECURITY_HEADERS = {
 router = APIRouter(include_in_schema=False)
 
 
-@router.get("/")
+# HEAD too (`curl -I`, uptime checks): a GET-only route answers it 405
+@router.api_route("/", methods=["GET", "HEAD"])
 def root() -> RedirectResponse:
     return RedirectResponse("/ui/", status_code=307)
 
 
-@router.get("/ui")
+@router.api_route("/ui", methods=["GET", "HEAD"])
 def ui_no_slash() -> RedirectResponse:
     return RedirectResponse("/ui/", status_code=307)
 

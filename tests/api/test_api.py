@@ -8,6 +8,7 @@ of their own; tests that need other settings build their own app."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from pathlib import Path
@@ -266,7 +267,8 @@ def test_validate_while_indexing_is_409(client, sample_pdf):
     with services.doc_lock:  # the worker cannot write to the index meanwhile
         assert upload(client, h, sample_pdf).status_code == 202
         err = assert_error(validate(client, h, ["acme-2023"]), 409, "document_not_ready")
-        assert "still indexing" in err["message"]
+        assert re.fullmatch(r"document acme-2023 is still (indexing|queued for indexing); poll GET "
+                            r"/v1/documents/acme-2023", err["message"]), err
         assert err["details"][0]["document_id"] == "acme-2023"
     assert wait_indexed(client, h, "acme-2023")["status"] == "ready"
     assert validate(client, h, ["acme-2023"]).status_code == 200

@@ -71,3 +71,22 @@ def test_feedback_survives_kill_9(tmp_path, server_env):
     finally:
         for s in servers:
             s.stop()
+
+
+def test_a_port_in_use_is_said_before_anything_loads(tmp_path, server_env):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        started = time.monotonic()
+        proc = subprocess.run([evidentia_exe(), "serve", "--port", str(port)], env=server_env, capture_output=True,
+                              text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr == (f"error: --port {port}: 127.0.0.1:{port} is already in use (another server?); "
+                           "choose another --port\n"), proc.stderr
+    assert time.monotonic() - started < 20  # no model, no index was loaded first
+    bad = subprocess.run([evidentia_exe(), "serve", "--port", "70000"], env=server_env, capture_output=True, text=True,
+                         timeout=60)
+    assert bad.returncode == 2 and bad.stderr == "error: --port 70000: use a TCP port from 1 to 65535\n"

@@ -188,6 +188,10 @@ def api_upload_ready(server, path: Path, document_id: str) -> None:
 def test_root_redirects_to_the_page_and_api_404s_stay_json(server):
     r = httpx.get(server.url + "/", follow_redirects=False)
     assert r.status_code == 307 and r.headers["location"] == "/ui/"
+    for path in ("/", "/ui"):  # curl -I
+        r = httpx.head(server.url + path, follow_redirects=False)
+        assert r.status_code == 307 and r.headers["location"] == "/ui/", (path, r.status_code)
+    assert httpx.head(server.url + "/", follow_redirects=True).status_code == 200
     page = httpx.get(server.url + "/", follow_redirects=True)
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert "script-src 'self'" in page.headers["content-security-policy"]
@@ -460,7 +464,8 @@ def test_a_document_line_says_how_far_indexing_has_gone(browser, server):
     assert lines == ["waiting to be indexed…",
                      "reading scans by OCR: 0 read, 40 to go (40 pages)…",
                      "reading scans by OCR: 12 read, 27 to go (40 pages)…",
-                     "indexing 0 / 40 pages…", "indexing 25 / 40 pages…", "indexing 120 / 300 pages…", "indexing…",
+                     "indexing 0 / 40 pages…", "indexing 25 / 40 pages…", "indexing 120 / 300 pages…",
+                     "indexing…",
                      "40 pages, 38 read by OCR (confidence 91%), 1 scanned page not read, 1 without text"]
     assert_no_script_errors(driver)
 

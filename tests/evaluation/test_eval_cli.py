@@ -186,7 +186,41 @@ def test_eval_reuses_the_index(env):
     assert "indexed" not in second.stderr
 
 
+def test_what_eval_indexes_is_the_default_tenants_as_the_readme_says(env):
+    """An API key of the tenant `default` sees the documents `eval --pdf-dir` indexed,
+    with their page counts, as it sees those of `evidentia index`."""
+    from fastapi.testclient import TestClient
+
+    from tests.utils.api import make_app, wait_ready
+
+    tmp, pdfs, queries = env
+    assert invoke("--queries", queries, "--pdf-dir", pdfs).exit_code == 0
+    key = CliRunner().invoke(app, ["keys", "create", "--tenant", "default"]).stdout.strip()
+    with TestClient(make_app(tmp, data_dir=tmp / "data")) as client:
+        wait_ready(client)
+        listed = client.get("/v1/documents", headers={"X-API-Key": key}).json()["documents"]
+        assert sorted((d["document_id"], d["status"], d["pages"]) for d in listed) == \
+            [("alpha", "ready", len(ALPHA)), ("beta", "ready", len(BETA))]
+        assert listed[0]["caption_only_pages"] == 0  # as an upload's, not null
+        text = client.get("/v1/documents/alpha/pages/1", headers={"X-API-Key": key})
+        assert text.status_code == 200 and text.json()["text"]
+
+
 # --------------------------------------------------------------------------- errors
+
+
+def test_an_unwritable_output_fails_before_the_run(env):
+    tmp, pdfs, queries = env
+    afile = tmp / "afile.txt"
+    afile.write_text("x")
+    result = invoke("--queries", queries, "--pdf-dir", pdfs, "--report", afile)
+    assert result.exit_code == 1  # and at once: nothing indexed, nothing run
+    assert result.stderr == (f"error: --report {afile} is a file: give a folder (the report is index.html and its "
+                             "plots)\n")
+    result = invoke("--queries", queries, "--pdf-dir", pdfs, "--run-out", tmp)
+    assert result.exit_code == 1 and result.stderr.startswith(f"error: --run-out {tmp} is a folder")
+    result = invoke("--queries", queries, "--pdf-dir", pdfs, "--report", afile / "sub")
+    assert result.exit_code == 1 and result.stderr.startswith(f"error: --report {afile / 'sub'}: ")
 
 
 def test_unknown_documents(env):
@@ -203,6 +237,19 @@ def test_unknown_documents(env):
     assert result.exit_code == 1
     assert "14 document id(s)" in result.stderr and "and 4 more" in result.stderr
     assert "doc09" in result.stderr and "doc10" not in result.stderr
+    assert "another tenant" not in result.stderr
+
+
+def test_a_document_another_tenant_uploaded_is_named_as_such(env):
+    """eval reads the default tenant's documents: one that only tenant acme has (an
+    upload with its key) was reported as 'not indexed', with no hint why."""
+    tmp, pdfs, queries = env
+    assert CliRunner().invoke(app, ["index", "--tenant", "acme", str(pdfs / "alpha.pdf")]).exit_code == 0
+    result = invoke("--queries", queries)
+    assert result.exit_code == 1 and len(result.stderr.strip().splitlines()) == 1
+    assert result.stderr.startswith("error: 2 document id(s) named in the queries are not indexed: alpha, beta")
+    assert result.stderr.rstrip().endswith("(alpha: another tenant's upload; labelled queries read the documents "
+                                           "of the tenant 'default', so index those PDFs for it too)")
 
 
 def test_bad_inputs(env):

@@ -194,8 +194,9 @@ def test_cli_index_reports_ocr_and_docs_counts(tmp_path, three_languages, monkey
     assert result.exit_code == 0, result.output
     assert re.search(r"OCR: 3 page\(s\) read in [\d.]+ s", result.stderr)
     # while the scan is read: how much OCR has still to do
-    assert "0 pages, 3 to read by OCR" in result.stderr
-    assert re.search(r"0 pages, 1 OCR'd \([\d.]+ s each(, \d at a time)?\), 2 more to read by OCR", result.stderr)
+    assert "0 pages written, 3 to read by OCR" in result.stderr
+    assert re.search(r"0 pages written, 1 OCR'd \([\d.]+ s each(, \d at a time)?\), 2 more to read by OCR",
+                     result.stderr)
     docs = runner.invoke(app, ["docs"]).stdout.strip()
     assert docs.splitlines()[0].endswith("\tOCR pages (confidence)\tunread scans")
     assert re.fullmatch(r"default\tcertificates\t3\t0\ten:1, fr:1, de:1\t3 \(\d+\)\t0", docs.splitlines()[1])
