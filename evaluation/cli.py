@@ -75,6 +75,8 @@ def fallback_warnings(config_runs) -> list[str]:
 
 def run_lines(config_runs) -> list[str]:
     """One JSON line per query and configuration: the ranking exactly as scored, best first."""
+    from evidentia.text import json_line
+
     lines = []
     for c in config_runs:
         for run in c.runs:
@@ -84,7 +86,7 @@ def run_lines(config_runs) -> list[str]:
                 if p.probability is not None:
                     item["probability"] = p.probability
                 ranking.append(item)
-            lines.append(json.dumps({"config": c.label, "id": run.query.id, "ranking": ranking}, ensure_ascii=False))
+            lines.append(json_line({"config": c.label, "id": run.query.id, "ranking": ranking}))
     return lines
 
 

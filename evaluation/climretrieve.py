@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from evidentia.text import json_line
+
 SPLIT_FILE = Path(__file__).resolve().parent.parent / "training" / "splits" / "heldout.json"
 
 _NOT_NAME = re.compile(r"\d+|\.pdf$|[_&]")
@@ -403,7 +405,7 @@ def write_pools(passages_file: Path, out_dir: Path, definitions_file: Path | Non
         counts["reports"] += 1
         for layout in layouts:
             write_report_pdf(report, out_dir / "pdfs" / f"{report.layout_doc_id(layout)}.pdf", layout)
-            sides[side].extend(json.dumps(q, ensure_ascii=False) for q in queries_of(report, definitions, layout))
+            sides[side].extend(json_line(q) for q in queries_of(report, definitions, layout))
             counts["pages"] += len(report.pages(layout))
     for side, lines in sides.items():
         (out_dir / f"{side}_queries.jsonl").write_text("".join(line + "\n" for line in lines), encoding="utf-8")

@@ -6,6 +6,7 @@ cleaning, number normalisation, keyword extraction and the supported languages.
 
 from __future__ import annotations
 
+import json
 import re
 import unicodedata
 from functools import lru_cache
@@ -129,3 +130,18 @@ def keywords(text: str, language: str | None) -> list[str]:
             continue
         seen.setdefault(tok, None)
     return list(seen)
+
+
+# JSON leaves these raw with ensure_ascii=False, and a reader that splits lines the
+# way str.splitlines() does (most do, outside the JSON Lines spec) breaks a record
+# on them; escaped, a line is one record for every reader (control characters below
+# U+0020 are escaped by JSON itself).
+_LINE_BREAKS_JSON_KEEPS = {"\u0085": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+
+
+def json_line(obj) -> str:
+    """``obj`` as one line of a JSON Lines file, UTF-8 text kept readable."""
+    line = json.dumps(obj, ensure_ascii=False)
+    for raw, escaped in _LINE_BREAKS_JSON_KEEPS.items():
+        line = line.replace(raw, escaped)
+    return line

@@ -75,6 +75,8 @@ SCAN_IMAGE_COVER = 0.5
 # the reading replaces the caption only when it holds FIGURE_GAIN times its
 # letters (a photo with a caption keeps its caption).
 FIGURE_CAPTION_LETTERS = 300
+# Tesseract's words when an allocation fails (a page past the extraction's memory limit)
+OUT_OF_MEMORY_WORDS = ("bad_alloc", "Out of memory", "out of memory", "Cannot allocate memory")
 FIGURE_GAIN = 2.0
 OUTLINED_TEXT_PATHS = 50
 # A page drawing more paths than this is not rendered for OCR (left unread, and said
@@ -540,8 +542,14 @@ class TesseractPool:
             self._running.remove(run)
             run.output = None
             if code != 0:
-                lines = [ln for ln in err.decode("utf-8", "replace").splitlines() if ln.strip()]
-                run.outcome = OcrError(f"Tesseract failed ({lines[-1] if lines else f'exit code {code}'})")
+                text = err.decode("utf-8", "replace")
+                lines = [ln for ln in text.splitlines() if ln.strip()]
+                if any(word in text for word in OUT_OF_MEMORY_WORDS):
+                    # C++'s "what(): std::bad_alloc" is no reason a person can act on
+                    run.outcome = OcrError("Tesseract ran out of memory on the page (an extraction may add "
+                                           "EVIDENTIA_EXTRACT_MEMORY_MB; a lower EVIDENTIA_OCR_DPI needs less)")
+                else:
+                    run.outcome = OcrError(f"Tesseract failed ({lines[-1] if lines else f'exit code {code}'})")
             else:
                 run.outcome = (*parse_tsv(out.decode("utf-8", "replace")), seconds)
 

@@ -30,6 +30,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import resource
+import signal
 import threading
 import time
 import zlib
@@ -119,8 +120,8 @@ class BoundedCall:
     def cancel(self) -> None:
         with self._lock:
             self._cancelled = True
-            if self._process is not None and self._process.is_alive():
-                self._process.kill()
+            if self._process is not None:
+                _kill_group(self._process)
 
     @property
     def cancelled(self) -> bool:
@@ -194,8 +195,9 @@ class BoundedCall:
         finally:
             receiver.close()
             with self._lock:
-                if process.is_alive():
-                    process.kill()
+                # the child and whatever it started (Tesseract) that still runs: a cancelled
+                # or timed-out scan's OCR went on for minutes after, re-parented to init
+                _kill_group(process)
             process.join(5.0)
             if hasattr(process, "close") and not process.is_alive():
                 process.close()
@@ -215,6 +217,7 @@ def _child_main(fn, args, memory_mb: int, nice: int, sender, reports: bool = Fal
     one message (after ``("progress", item)`` messages when ``fn`` reports: it is then
     called with ``report=``)."""
     try:
+        _lead_own_group()
         if nice > 0:
             os.nice(nice)
         current = _virtual_memory_bytes() if memory_mb > 0 else None
@@ -238,6 +241,35 @@ def _child_main(fn, args, memory_mb: int, nice: int, sender, reports: bool = Fal
         sender.send(("raised", RuntimeError(str(message[1])[:500])))
     finally:
         sender.close()
+
+
+def _lead_own_group() -> None:
+    """In the child: lead a process group of its own, so that the parent ends it with
+    everything it started (``_kill_group``), and end that group when asked to stop
+    (SIGTERM: the parent exiting terminates its daemon children)."""
+    try:
+        os.setsid()
+    except OSError:  # already a group leader: the group is then this process's own
+        pass
+    if os.getpgrp() == os.getpid():
+        signal.signal(signal.SIGTERM, lambda *_: os.killpg(os.getpgrp(), signal.SIGKILL))
+
+
+def _kill_group(process) -> None:
+    """SIGKILL the child's process group (the child and the processes it started),
+    or the child alone where it leads none."""
+    pid = process.pid
+    if pid is None:
+        return
+    # A group keeps the id of its leader while any member lives, even after the leader
+    # died (the OOM killer): its orphans are found by it. Without a group of that id
+    # (the child could not lead one, or all is gone) this fails and harms no one.
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    if process.is_alive():
+        process.kill()
 
 
 def _virtual_memory_bytes() -> int | None:

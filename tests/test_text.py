@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from evidentia.retriever.query import build_query
@@ -197,3 +199,12 @@ def test_build_query_without_detector_or_answer():
     assert q.language is None
     assert q.text == "Total water withdrawal in 2023?"
     assert q.keywords == ("total", "water", "withdrawal", "2023")
+
+
+def test_json_line_escapes_the_line_breaks_json_leaves_raw():
+    from evidentia.text import json_line
+
+    value = {"q": "a\u2028b\x85c\u2029d\ne\x0bf é"}
+    line = json_line(value)
+    assert line == '{"q": "a\\u2028b\\u0085c\\u2029d\\ne\\u000bf é"}'
+    assert json.loads(line) == value and len(line.splitlines()) == 1

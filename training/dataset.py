@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 from evidentia.evaluation.climretrieve import passage_text, printed_page
 from evidentia.evaluation.queries import json_objects
+from evidentia.text import json_line
 
 if TYPE_CHECKING:  # pragma: no cover
     from evidentia.engine import Engine
@@ -55,7 +56,7 @@ class TrainingRecord:
         for optional in ("soft_label", "weight"):
             if data[optional] is None:
                 del data[optional]  # records without one are written as before
-        return json.dumps(data, ensure_ascii=False)
+        return json_line(data)
 
 
 def training_target(record: TrainingRecord) -> float:

@@ -202,9 +202,13 @@ async def upload_document(
     caller: Caller = Depends(require_tenant),
     services: Services = Depends(get_services),
 ) -> DocumentAccepted:
-    if len((await request.form()).getlist("file")) > 1:  # parsed already: the form is cached
+    form = await request.form()  # parsed already: the form is cached
+    if len(form.getlist("file")) > 1:
         raise ApiError(422, "validation_error", "one file per upload: send each PDF in a request of its own",
                        [{"loc": ["body", "file"], "message": "more than one file", "type": "value_error"}])
+    if len(form.getlist("document_id")) > 1:  # the last one silently won
+        raise ApiError(422, "validation_error", "one document_id per upload: the form has several",
+                       [{"loc": ["body", "document_id"], "message": "more than one value", "type": "value_error"}])
     if not document_id and not _shown_name(file.filename):
         # `filename=""` (or only folders): its id would be the hash of "", one for every such
         # upload, each replacing the last; the same answer as a part without a file name

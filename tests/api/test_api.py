@@ -378,6 +378,10 @@ def test_upload_errors_store_nothing(own_client, tmp_path, sample_pdf):
     two = c.post("/v1/documents", headers=h, files=[("file", ("one.pdf", b"%PDF-1", "application/pdf")),
                                                     ("file", ("two.pdf", b"%PDF-1", "application/pdf"))])
     assert "one file per upload" in assert_error(two, 422, "validation_error")["message"]
+    twice = c.post("/v1/documents", headers=h, files={"file": ("r.pdf", b"%PDF-1", "application/pdf")},
+                   data={"document_id": ["a", "b"]})
+    err = assert_error(twice, 422, "validation_error")
+    assert err["message"] == "one document_id per upload: the form has several"
     nameless = c.post("/v1/documents", headers=h, files={"file": ("", b"%PDF-1", "application/pdf")})
     assert "no file" in assert_error(nameless, 422, "validation_error")["message"]
     cut = c.post("/v1/documents", headers={**h, "content-type": "multipart/form-data; boundary=b"},

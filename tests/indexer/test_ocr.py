@@ -20,10 +20,11 @@ from evidentia.indexer import ocr as ocr_mod
 from evidentia.language import LanguageDetector
 from evidentia.indexer.ocr import OcrEngine, is_garbage, parse_tsv, read_page
 from evidentia.indexer.pdf import PdfError, extract_pages
-from evidentia.indexing import embed_document, index_paths
+from evidentia.indexing import embed_document, index_paths, unread_reason
 from evidentia.records import Document, Page
 from evidentia.retriever import elasticsearch_backend as esb
 from evidentia.retriever.tantivy_backend import TantivyBackend
+from tests.utils.processes import running
 from tests.utils.scans import CAPTION, TEXTS, figure_pdf, scanned_pdf, write_page
 
 WORD = re.compile(r"[^\W\d_]{3,}")
@@ -620,3 +621,73 @@ def test_store_of_schema_1_gains_the_ocr_column(tmp_path):
     reopened.close()
     with sqlite3.connect(path) as conn:
         assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION  # 3 since issue #15
+
+
+def test_tesseract_out_of_memory_is_said_in_words(tmp_path):
+    """A page past the extraction's memory limit made Tesseract abort with C++'s
+    "what():  std::bad_alloc", which became the document's unread_reason as it was."""
+    fake = tmp_path / "tesseract"
+    fake.write_text("#!/bin/sh\n"
+                    "if [ \"$1\" = \"--list-langs\" ]; then\n"
+                    "  echo 'List of available languages (1):'; echo eng; exit 0\n"
+                    "fi\n"
+                    "cat > /dev/null\n"
+                    "echo \"terminate called after throwing an instance of 'std::bad_alloc'\" >&2\n"
+                    "echo '  what():  std::bad_alloc' >&2\n"
+                    "exit 134\n")
+    fake.chmod(0o755)
+    engine = OcrEngine.probe(command=str(fake), languages="eng", dpi=72, workers=1)
+    assert engine.available, engine.problem
+    document = extract_pages(scanned_pdf(tmp_path / "scan.pdf", [TEXTS["en"]], dpi=72), "scan", LanguageDetector(),
+                             ocr=engine)
+    assert document.unread_pages == 1
+    assert document.ocr_problem == ("Tesseract ran out of memory on the page (an extraction may add "
+                                    "EVIDENTIA_EXTRACT_MEMORY_MB; a lower EVIDENTIA_OCR_DPI needs less)")
+    assert "std::" not in unread_reason(document.ocr_problem)
+
+
+def test_deleting_a_scan_being_read_ends_its_tesseract_processes(tmp_path):
+    """The extraction child was killed on delete, and its Tesseract processes ran on for
+    minutes, re-parented to init: the child's whole process group goes now. A Tesseract
+    that takes a minute a page (a dense page, every language) is played by a script."""
+    import psutil
+    from fastapi.testclient import TestClient
+
+    from tests.utils.api import make_app, new_tenant, upload, wait_ready
+
+    slow = tmp_path / "tesseract"
+    slow.write_text("#!/bin/sh\n"
+                    "if [ \"$1\" = \"--list-langs\" ]; then\n"
+                    "  echo 'List of available languages (1):'; echo eng; exit 0\n"
+                    "fi\n"
+                    "cat > /dev/null\n"
+                    "sleep 60\n")
+    slow.chmod(0o755)
+
+    def reading() -> list:
+        found = []
+        for child in psutil.Process().children(recursive=True):
+            try:
+                if child.name() in ("tesseract", "sleep") and running(child.pid):
+                    found.append(child)
+            except psutil.NoSuchProcess:
+                pass
+        return found
+
+    path = scanned_pdf(tmp_path / "long-scan.pdf", [TEXTS["en"]] * 4, dpi=72)
+    with TestClient(make_app(tmp_path, ocr="on", ocr_dpi=72, tesseract=str(slow))) as client:
+        wait_ready(client)
+        headers = new_tenant(client)
+        assert upload(client, headers, path).status_code == 202
+        deadline = time.monotonic() + 60
+        started = reading()
+        while not any(p.name() == "sleep" for p in started):
+            assert time.monotonic() < deadline, "OCR never started"
+            time.sleep(0.02)
+            started = reading()
+        assert client.delete("/v1/documents/long-scan", headers=headers).status_code == 204
+        # by pid: an orphan leaves this process's tree (re-parented to init)
+        deadline = time.monotonic() + 5  # a zombie left for init to reap runs nothing
+        while (left := [p.pid for p in started if running(p.pid)]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not left

@@ -163,3 +163,38 @@ def test_progress_extends_the_time_limit_up_to_a_bound():
         BoundedCall(_stalls, (), timeout_s=1.0, memory_mb=100, what="extraction", setting="EVIDENTIA_EXTRACT",
                     on_progress=lambda _: None).run()
     assert info.value.kind == "timeout" and time.perf_counter() - t0 < 6
+
+
+def _starts_a_helper(pid_file: str, report=None) -> None:
+    """A job that starts a process of its own (as OCR starts Tesseract) and waits."""
+    import subprocess
+
+    helper = subprocess.Popen(["sleep", "120"])
+    Path(pid_file).write_text(str(helper.pid))
+    report(helper.pid)
+    time.sleep(120)
+
+
+@pytest.mark.parametrize("ending", ["cancel", "timeout"])
+def test_ending_a_job_ends_what_it_started(tmp_path, ending):
+    """A scan cancelled (deleted, uploaded again) or timed out left its Tesseract
+    processes running for minutes, re-parented to init, outside every limit."""
+    pid_file = tmp_path / "helper.pid"
+    started = threading.Event()
+    call = BoundedCall(_starts_a_helper, (str(pid_file),), timeout_s=30 if ending == "cancel" else 1.5,
+                       memory_mb=200, what="extraction", setting="EVIDENTIA_EXTRACT",
+                       on_progress=lambda _pid: started.set())
+    outcome: list = []
+    runner = threading.Thread(target=lambda: outcome.append(pytest.raises(WorkFailed, call.run).value))
+    runner.start()
+    assert started.wait(20)
+    helper = int(pid_file.read_text())
+    assert running(helper)
+    if ending == "cancel":
+        call.cancel()
+    runner.join(30)
+    assert outcome and outcome[0].kind == ("cancelled" if ending == "cancel" else "timeout")
+    deadline = time.monotonic() + 5
+    while running(helper) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not running(helper)

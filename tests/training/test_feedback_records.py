@@ -106,3 +106,16 @@ def test_a_round_skips_verdicts_on_documents_gone_from_the_index(tmp_path, monke
 
     with pytest.raises(TrainingError, match="no feedback on documents still in the index"):
         lifecycle.run_retrain(engine, verdicts[1:], None, log=logged.append)
+
+
+def test_a_record_is_one_line_for_every_reader(tmp_path):
+    """A question with U+2028 (pasted from a PDF) was written raw: a reader splitting
+    lines as str.splitlines() does broke the record in two."""
+    from dataclasses import replace
+
+    record = replace(GOOD, question="Scope 1\u2028emissions\x85in 2023\u2029? été")
+    line = record.to_json()
+    assert len(line.splitlines()) == 1 and "été" in line  # still readable UTF-8
+    path = tmp_path / "r.jsonl"
+    path.write_text(line + "\n", encoding="utf-8")
+    assert read_records(path) == [record]
