@@ -180,6 +180,9 @@ class ModelRegistry:
             if not (self.root / version / METADATA_FILE).exists():
                 raise RegistryError(f"model {version} has no files in {self.root / version}")
             previous = state.get("production")
+            if previous == version:
+                # nothing changes: an event "promoted v1 over v1" made rollback return to v1 for ever
+                return self.get(version)
             state["production"] = version
             state["models"][version]["promoted"] = True
             state["events"].append({"at": _now(), "event": "promoted", "version": version,
@@ -205,7 +208,8 @@ class ModelRegistry:
             # walk back over promotions to find what preceded the current model
             previous = None
             for event in reversed(history):
-                if event["version"] == current and event["event"] == "promoted":
+                # (a registry written before promote ignored a repeat holds "v1 over v1": not a way back)
+                if event["version"] == current and event["event"] == "promoted" and event.get("previous") != current:
                     previous = event.get("previous")
                     break
             state["production"] = previous

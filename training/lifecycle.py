@@ -108,6 +108,13 @@ def run_retrain(engine: "Engine", verdicts: Sequence[Verdict], base_data: Path |
     in_use = ModelMetadata.read(resolve_model_dir(settings))
     kind = options.kind or in_use.extra.get("kind", "lora")
     base_records = read_records(base_data) if base_data else []
+    if not base_records:
+        # said, not refused: a team may mean it; but the candidate then knows nothing the
+        # model in use learnt from its records, and the gate judges it on their documents only
+        log("warning: no base records (--base-data or EVIDENTIA_RETRAIN_BASE_DATA): the candidate learns from "
+            f"the analysts' {len(verdicts)} verdict(s) alone, not from the records the model in use was trained on, "
+            "and the gate judges it on the analysts' held-out documents only; the README's 'Training a "
+            "classifier' commands write the shipped model's records (train.jsonl)")
 
     def load(path: Path | None):
         if path is None:  # production is the default model: the shipped one or EVIDENTIA_CLASSIFIER_MODEL

@@ -37,8 +37,8 @@ def retrain_command(
 ):
     """Train a candidate from feedback + base data and evaluate it against production on held-out
     documents. It is promoted when at least EVIDENTIA_RETRAIN_MIN_HELDOUT_QUERIES held-out queries judge it
-    and they do not show it worse: P@3 lower in 90 % or more of paired resamples of the held-out documents,
-    or ECE worse by more than --ece-margin."""
+    and they do not show it worse: P@3 lower in 90 % or more of paired resamples of the held-out documents
+    (of their queries with fewer than three such documents), or ECE worse by more than --ece-margin."""
     from evidentia.console import EXIT_BAD_INPUT, Context, fail, require_files
     from evidentia.library import Library, LibraryError
     from evidentia.reranker.classifier_model import ModelLoadError
@@ -121,11 +121,23 @@ def models_promote(version: str = typer.Argument(...)):
     from evidentia.reranker.model_registry import RegistryError, registry_for
 
     ctx = Context()
+    registry = registry_for(ctx.settings.data_dir)
+    before = registry.production()
+    known = [e.version for e in registry.entries()]
+    if version not in known:
+        shown = ", ".join(known[-10:]) if known else "none yet (`evidentia retrain` registers one)"
+        raise fail(f"unknown model version {version!r}; registered: {shown}", EXIT_BAD_INPUT)
     try:
-        entry = registry_for(ctx.settings.data_dir).promote(version, reason="promoted by hand")
+        entry = registry.promote(version, reason="promoted by hand")
     except RegistryError as exc:
         raise fail(str(exc), EXIT_BAD_INPUT)
-    typer.echo(f"{entry.version} is in production")
+    if before is not None and before.version == entry.version:
+        typer.echo(f"{entry.version} was already in production: nothing changed")
+        return
+    if "production kept" in entry.note:  # the gate's words when it kept the candidate out
+        typer.echo(f"note: the retrain gate had kept it out: {entry.note}", err=True)
+    undo = f"`evidentia models rollback` puts {before.version if before else 'the default model'} back"
+    typer.echo(f"{entry.version} is in production ({undo})")
 
 
 @models_app.command("rollback")

@@ -38,6 +38,7 @@ from evidentia.evaluation.queries import EvalQuery
 from evidentia.training.dataset import (TrainingRecord, dedupe, first_stage_pool, records_from_queries, stable_share,
                                         write_records)
 from evidentia.reranker.model_registry import ModelRegistry
+from evidentia.tenants import split_internal_id
 from evidentia.training.train import TrainingError, TrainParams, train
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -236,6 +237,10 @@ class GateDecision:
 # queries no round saw.
 GATE_DROP_CONFIDENCE = 0.9
 _GATE_RESAMPLES = 2000
+# Resampling documents needs a few of them: with one or two held-out documents (a
+# supplier's two reports hold one out) every resample draws the same one, and a single
+# page lost read as a drop "in 100 % of resamples". Below this, queries are resampled.
+MIN_DOCUMENTS_TO_RESAMPLE = 3
 
 
 def drop_confidence(candidate: Sequence[float], production: Sequence[float], documents: Sequence[str] = (),
@@ -243,11 +248,14 @@ def drop_confidence(candidate: Sequence[float], production: Sequence[float], doc
     """Share of paired bootstrap resamples with the candidate's mean below
     production's (seeded: the same answer every round). With ``documents`` (one per
     query) whole documents are resampled, as the split holds out documents: ten
-    queries on three documents are three pieces of evidence, not ten."""
+    queries on three documents are three pieces of evidence, not ten; with fewer than
+    MIN_DOCUMENTS_TO_RESAMPLE documents, queries are."""
     import random
 
     rng = random.Random(seed)
     diffs = [c - p for c, p in zip(candidate, production)]
+    if len(set(documents)) < MIN_DOCUMENTS_TO_RESAMPLE:
+        documents = ()
     by_document: dict[str, float] = defaultdict(float)  # the summed difference of each document's queries
     for i, d in enumerate(diffs):
         by_document[documents[i] if len(documents) == len(diffs) else str(i)] += d
@@ -278,6 +286,8 @@ def gate(candidate: ModelScore, production: ModelScore, ece_margin: float = 0.02
     if cp + 1e-9 < pp:
         paired = len(candidate.per_query_p3) == len(production.per_query_p3) == candidate.queries
         documents = candidate.query_documents if candidate.query_documents == production.query_documents else ()
+        if len(set(documents)) < MIN_DOCUMENTS_TO_RESAMPLE:
+            documents = ()  # too few to resample (drop_confidence): by query
         sure = drop_confidence(candidate.per_query_p3, production.per_query_p3, documents) if paired else 1.0
         # the resampled unit is a query's first document (ModelScore.query_documents): a
         # query over several held-out documents is one unit, so this count can be lower
@@ -347,8 +357,12 @@ def retrain(verdicts: Sequence[Verdict], base_records: Sequence[TrainingRecord],
     (docs/BENCHMARKS.md section 6b)."""
     stage = str(engine.settings.stage)
     data = build_training_set(verdicts, base_records, engine, held_out_fraction, seed=seed, stage=stage)
+    # named: their verdicts judge candidates and never train one (the same documents every round)
+    held = sorted(split_internal_id(d)[1] for d in data.held_out_docs)
+    named = ", ".join(held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
     log(f"{len(data.train_records)} training records ({len(data.train_queries)} feedback queries); "
-        f"{len(data.held_out_queries)} held-out queries, touching {len(data.held_out_docs)} held-out document(s)")
+        f"{len(data.held_out_queries)} held-out queries, touching {len(data.held_out_docs)} held-out document(s)"
+        + (f": {named} (judged on, never trained on)" if held else ""))
     if not data.train_records:
         why = (f"every feedback query ({len(data.held_out_queries)}) is held out for the promotion gate (their "
                f"{len(data.held_out_docs)} document(s) are held out; a lone document always is)"

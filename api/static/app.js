@@ -96,10 +96,16 @@ function friendly(err) {
       return `Too many requests: ${err.message}`;
     case "reranker_unavailable":
       return `${err.message}. Choose another reranker.`;
+    case "validation_error":  // the API's field names, as the form labels them
+      return Object.entries(FORM_LABELS).reduce((m, [field, label]) => m.replaceAll(`body.${field}:`, `${label}:`),
+                                                err.message);
     default:
       return err.message;
   }
 }
+
+const FORM_LABELS = { question: "Question", answer: "Answer", top_k: "Candidate pages", threshold: "Threshold",
+                      reranker: "Reranker", document_ids: "Documents" };
 
 // -- sign in / out ------------------------------------------------------------
 async function signIn(event) {
@@ -375,7 +381,9 @@ function renderResults(result) {
   $("results-summary").textContent = `${n} ${n === 1 ? "page" : "pages"} · ranked by ${rankedBy(result)}` +
     (total !== undefined ? ` · ${Math.round(total)} ms` : "") +
     (result.threshold !== null && result.threshold !== undefined ? ` · threshold ${result.threshold}` : "") +
-    (result.model_version ? ` · model ${result.model_version}` : "");
+    // the model's name (or registry version) only: the full id (date, data hash) broke the line
+    (result.model_version ? ` · model ${result.model_version.split("@")[0]}` : "");
+  $("results-summary").title = result.model_version ? `model ${result.model_version}` : "";
   const fallback = $("fallback");
   if (result.fallback_reason) {
     const label = result.reranker === "llm" ? "The LLM reranker could not rank these pages"

@@ -69,7 +69,17 @@ export function matcher(terms) {
 
 /** Appends `text` to `parent` as text nodes, with the words matching `terms`
  * wrapped in <mark>. Never parses the text as HTML. Returns the number of marks. */
+// Bullets that PDFs draw with a Symbol or Wingdings font come out of the text layer as
+// private-use characters, shown as a missing-glyph box; shown as a bullet instead (the
+// indexed text keeps them, so search and the model read what they always read).
+const PRIVATE_USE_BULLETS = /[\uF06E\uF076\uF0A7\uF0A8\uF0B7\uF0D8\uF0FC]/g;
+
+export function displayable(text) {
+  return (text || "").replace(PRIVATE_USE_BULLETS, "•");
+}
+
 export function appendHighlighted(parent, text, terms) {
+  text = displayable(text);
   const matches = matcher(terms);
   let last = 0;
   let marks = 0;

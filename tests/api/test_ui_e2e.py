@@ -235,6 +235,11 @@ def test_analyst_session_upload_validate_feedback(browser, server, tmp_path):
     assert not by_css(driver, "#results").is_displayed()
 
     fill(driver, "#question", SAMPLE_QUESTION)
+    # a limit of the server's, in the form's words ("body.top_k: at most 100 …" before)
+    fill(driver, "#top-k", "500")
+    by_css(driver, "#validate-button").click()
+    assert wait_banner(driver, "Candidate pages: at most 100").startswith("Candidate pages: at most 100")
+    fill(driver, "#top-k", "")
     by_css(driver, "#validate-button").click()
     first = wait(driver, visible("#result-list li.result"), "no result")
     assert not by_css(driver, "#banner").is_displayed()
@@ -430,11 +435,13 @@ def test_keywords_module_in_the_browser(browser, server):
     result = driver.execute_async_script("""
         const done = arguments[0];
         import('/ui/keywords.js').then((m) => {
+          const bullets = document.createElement('p');
+          m.appendHighlighted(bullets, "\uF0B7 A short-term target \uF0A7 and a medium-term one", []);
           const terms = m.keywords("What were the Scope 1 and 2 emissions in 2023? $1,577.00 tCO2e, 12.5 %");
           const p = document.createElement('p');
           const n = m.appendHighlighted(p, "<b>Emission</b> total 1577 t; 2023: 12.5% <img src=x onerror=alert(1)>", terms);
           done({terms, n, html: p.innerHTML, marks: [...p.querySelectorAll('mark')].map((x) => x.textContent),
-                eu: m.canonicalNumber("1.577,00")});
+                eu: m.canonicalNumber("1.577,00"), bullets: bullets.textContent});
         }).catch((e) => done({error: String(e)}));
     """)
     assert "error" not in result, result
@@ -442,6 +449,8 @@ def test_keywords_module_in_the_browser(browser, server):
     assert result["marks"] == ["Emission", "1577", "2023", "12.5"]
     assert "<img" not in result["html"] and "&lt;img" in result["html"]  # text, never HTML
     assert result["eu"] == "1577"
+    # a Symbol font's bullet (private use, a missing-glyph box) shown as a bullet
+    assert result["bullets"] == "• A short-term target • and a medium-term one"
     assert_no_script_errors(driver)
 
 

@@ -99,7 +99,7 @@ def test_a_round_skips_verdicts_on_documents_gone_from_the_index(tmp_path, monke
     logged = []
     assert lifecycle.run_retrain(engine, verdicts, None, log=logged.append) == "done"
     assert [v.doc_id for v in seen["verdicts"]] == ["kept"]
-    warnings = [m for m in logged if m.startswith("warning:")]
+    warnings = [m for m in logged if m.startswith("warning: skipped")]
     assert warnings == ["warning: skipped 3 verdict(s) on 2 document(s) no longer in the index: acme:race0, "
                         "acme:race1"]
     from evidentia.training.train import TrainingError

@@ -192,6 +192,12 @@ def test_gate_tells_a_drop_from_the_noise_of_a_few_queries():
     clustered = rt.gate(one_doc, S(1 / 3, 0.5, 0.10, 10, prod, docs))
     assert clustered.promote and "in 3 group(s) by first document: within their noise" in clustered.reason
     assert 0.6 < rt.drop_confidence(six, prod, docs) < 0.8
+    # one held-out document (a supplier's two reports hold one out): every resample drew it,
+    # and one page lost read as a drop in 100 % of resamples; queries are resampled then
+    alone = ("a",) * 10
+    single = rt.gate(S(sum(one_page) / 10, 0.5, 0.10, 10, one_page, alone), S(1 / 3, 0.5, 0.10, 10, prod, alone))
+    assert single.promote and "of the 10 held-out queries: within their noise" in single.reason, single.reason
+    assert rt.drop_confidence(one_page, prod, alone) == rt.drop_confidence(one_page, prod) < 0.9
     spread = ("a", "b", "c", "d", "e", "f", "g", "g", "h", "h")  # the same losses on six documents
     assert not rt.gate(S(sum(six) / 10, 0.5, 0.10, 10, six, spread), S(1 / 3, 0.5, 0.10, 10, prod, spread)).promote
     # the ECE rule still applies to a candidate within the noise

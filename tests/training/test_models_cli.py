@@ -44,7 +44,11 @@ def test_retrain_with_every_verdict_held_out_says_what_to_give(exported):
     """Two verdicts on one document: the document is held out, nothing is left to train on."""
     result = invoke("retrain", "--feedback", exported, "--tenant", "acme", "--kind", "features")
     assert result.exit_code == 1
-    assert "1 held-out queries, touching 1 held-out document(s)" in result.stderr
+    assert "1 held-out queries, touching 1 held-out document(s): amcor-q4 (judged on, never trained on)" \
+        in result.stderr
+    # and without base records, a round says its candidate would learn from the verdicts alone
+    assert "warning: no base records (--base-data or EVIDENTIA_RETRAIN_BASE_DATA): the candidate learns from the " \
+        "analysts' 2 verdict(s) alone" in result.stderr
     errors = error_lines(result.stderr)
     assert len(errors) == 1 and errors[0].startswith("error: no training records: every feedback query (1) is held out")
     assert "--base-data FILE" in errors[0] and "feedback on more documents" in errors[0]
@@ -163,3 +167,34 @@ def test_retrain_names_a_missing_file_as_eval_does(exported, tmp_path, monkeypat
     assert result.stderr.strip() == f"error: EVIDENTIA_RETRAIN_BASE_DATA {missing}: no such file"
     trained = invoke("train", "--data", missing, "--out", tmp_path / "model")  # the same words for `train`
     assert trained.exit_code == 1 and trained.stderr.strip() == f"error: --data {missing}: no such file"
+
+
+def test_promoting_the_model_in_production_again_changes_nothing(cli_env, tmp_path):
+    """Promoting v0001 twice wrote "v0001 over v0001", and `rollback` then went back to
+    v0001 for ever (exit 0): the shipped model could not be had again."""
+    import shutil
+
+    from evidentia.reranker.classifier_model import SHIPPED_MODEL_DIR
+    from evidentia.reranker.model_registry import registry_for
+
+    registry = registry_for(cli_env)
+    for n in range(2):
+        registry.register(shutil.copytree(SHIPPED_MODEL_DIR, tmp_path / f"candidate-{n}"))
+    first = invoke("models", "promote", "v0001")
+    assert first.stdout.strip() == "v0001 is in production (`evidentia models rollback` puts the default model back)"
+    assert invoke("models", "promote", "v0001").stdout.strip() == "v0001 was already in production: nothing changed"
+    assert invoke("models", "promote", "v0002").stdout.strip() == \
+        "v0002 is in production (`evidentia models rollback` puts v0001 back)"
+    assert invoke("models", "promote", "v0002").exit_code == 0
+    assert invoke("models", "rollback").stdout.strip() == "v0001 is in production"
+    assert invoke("models", "rollback").stdout.strip() == "back to the default model"
+    # a registry written before: "v0001 over v0001" is no way back
+    state = json.loads((cli_env / "models" / "registry.json").read_text())
+    state["production"] = "v0001"
+    state["events"] += [{"at": "x", "event": "promoted", "version": "v0001", "previous": None, "reason": ""},
+                        {"at": "x", "event": "promoted", "version": "v0001", "previous": "v0001", "reason": ""}]
+    (cli_env / "models" / "registry.json").write_text(json.dumps(state))
+    assert invoke("models", "rollback").stdout.strip() == "back to the default model"
+    unknown = invoke("models", "promote", "v0099")
+    assert unknown.exit_code == 1 and unknown.stderr.strip() == \
+        "error: unknown model version 'v0099'; registered: v0001, v0002"

@@ -14,16 +14,24 @@ def test_at_threshold_reads_as_a_sentence_without_r_at_3():
 
 
 def test_gate_says_what_its_document_count_counts():
-    """Two held-out queries over the same two held-out documents are resampled as one
-    group (their first document): the gate says so rather than "on 1 document(s)"
-    after the round logged two held-out documents."""
+    """Held-out queries over the same held-out documents are resampled as one group
+    (their first document): the gate says so rather than "on 1 document(s)" after the
+    round logged two held-out documents. With fewer than three groups, every resample
+    would draw the same: queries are resampled, and the gate says that."""
+    groups = ("acme:a", "acme:a", "acme:b", "acme:b", "acme:c", "acme:c")
+    candidate = ModelScore(0.0, 0.0, 0.1, 6, per_query_p3=(0.0,) * 6, query_documents=groups)
+    production = ModelScore(0.667, 1.0, 0.1, 6, per_query_p3=(0.667,) * 6, query_documents=groups)
+    decision = gate(candidate, production)
+    assert not decision.promote
+    assert decision.reason == ("P@3 would drop from 0.667 to 0.000 (lower in 100% of resamples of the 6 held-out "
+                               "queries in 3 group(s) by first document): production kept")
     documents = ("acme:a", "acme:a")
     candidate = ModelScore(0.0, 0.0, 0.1, 2, per_query_p3=(0.0, 0.0), query_documents=documents)
     production = ModelScore(0.667, 1.0, 0.1, 2, per_query_p3=(0.667, 0.667), query_documents=documents)
     decision = gate(candidate, production)
     assert not decision.promote
     assert decision.reason == ("P@3 would drop from 0.667 to 0.000 (lower in 100% of resamples of the 2 held-out "
-                               "queries in 1 group(s) by first document): production kept")
+                               "queries): production kept")
 
 
 def test_gate_does_not_promote_on_too_few_held_out_queries():
