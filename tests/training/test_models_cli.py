@@ -143,7 +143,8 @@ def test_retrain_help_says_what_the_gate_does():
     text = " ".join(CliRunner().invoke(app, ["retrain", "--help"], terminal_width=200).output.split())
     assert "only if P@3 does not drop" not in text  # it promotes on a drop within the resamples' noise
     assert (f"P@3 lower in {GATE_DROP_CONFIDENCE * 100:.0f} % or more of paired resamples of the held-out "
-            "documents, or ECE worse by more than --ece-margin") in text
+            "documents (of their queries with fewer than three such documents), or ECE worse by more than "
+            "--ece-margin") in text
     assert "at least EVIDENTIA_RETRAIN_MIN_HELDOUT_QUERIES held-out queries judge it" in text
 
 
