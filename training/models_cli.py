@@ -122,12 +122,12 @@ def models_promote(version: str = typer.Argument(...)):
 
     ctx = Context()
     registry = registry_for(ctx.settings.data_dir)
-    before = registry.production()
-    known = [e.version for e in registry.entries()]
-    if version not in known:
-        shown = ", ".join(known[-10:]) if known else "none yet (`evidentia retrain` registers one)"
-        raise fail(f"unknown model version {version!r}; registered: {shown}", EXIT_BAD_INPUT)
     try:
+        before = registry.production()
+        known = [e.version for e in registry.entries()]
+        if version not in known:
+            shown = ", ".join(known[-10:]) if known else "none yet (`evidentia retrain` registers one)"
+            raise RegistryError(f"unknown model version {version!r}; registered: {shown}")
         entry = registry.promote(version, reason="promoted by hand")
     except RegistryError as exc:
         raise fail(str(exc), EXIT_BAD_INPUT)

@@ -67,8 +67,6 @@ export function matcher(terms) {
   };
 }
 
-/** Appends `text` to `parent` as text nodes, with the words matching `terms`
- * wrapped in <mark>. Never parses the text as HTML. Returns the number of marks. */
 // Bullets that PDFs draw with a Symbol or Wingdings font come out of the text layer as
 // private-use characters, shown as a missing-glyph box; shown as a bullet instead (the
 // indexed text keeps them, so search and the model read what they always read).
@@ -78,6 +76,8 @@ export function displayable(text) {
   return (text || "").replace(PRIVATE_USE_BULLETS, "•");
 }
 
+/** Appends `text` to `parent` as text nodes, with the words matching `terms`
+ * wrapped in <mark>. Never parses the text as HTML. Returns the number of marks. */
 export function appendHighlighted(parent, text, terms) {
   text = displayable(text);
   const matches = matcher(terms);
