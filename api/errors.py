@@ -128,9 +128,9 @@ def _bounded_loc(loc) -> list:
     return [bounded_echo(p) if isinstance(p, str) else p for p in loc]
 
 
-def not_json_body(request: Request, raw: list[dict]) -> bool:
-    """The route wanted a JSON object and the request did not say its body is JSON."""
-    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+def not_json_body(media_type: str, raw: list[dict]) -> bool:
+    """The route wanted a JSON object and the request (of ``media_type``) did not say its body is JSON."""
+    kind = media_type.lower()
     is_json = kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json"))
     return not is_json and any(tuple(e.get("loc", ())) == ("body",) and e.get("type") in ("model_attributes_type",
                                                                                           "dict_type", "missing")
@@ -149,8 +149,8 @@ def install_handlers(app: FastAPI) -> None:
                     "type": e.get("type", "")} for e in raw]
         if any(e.get("type") == "json_invalid" for e in raw):
             return error_response(400, "invalid_json", "the request body is not valid JSON", details)
-        if not_json_body(request, raw):  # FastAPI reads such a body as a string, then "not a dictionary"
-            sent = request.headers.get("content-type", "").split(";")[0].strip()
+        sent = request.headers.get("content-type", "").split(";")[0].strip()
+        if not_json_body(sent, raw):  # FastAPI reads such a body as a string, then "not a dictionary"
             said = f"this request's is {bounded_echo(sent)!r}" if sent else "this request has none"
             return error_response(415, "unsupported_media_type",
                                   f"the body must be JSON, sent with Content-Type: application/json ({said})")

@@ -150,13 +150,14 @@ class IndexingWorker:
             key = (tenant, document_id)
             return self._ocr_done.get(key, 0), self._ocr_backlog.get(key)
 
-    def _on_extraction_report(self, tenant: str, document_id: str, item: object) -> None:
+    def _count_ocr_page(self, tenant: str, document_id: str) -> None:
         with self._progress_lock:
             key = (tenant, document_id)
-            if isinstance(item, OcrBacklog):
-                self._ocr_backlog[key] = item
-            else:  # a page OCR'd
-                self._ocr_done[key] = self._ocr_done.get(key, 0) + 1
+            self._ocr_done[key] = self._ocr_done.get(key, 0) + 1
+
+    def _set_ocr_backlog(self, tenant: str, document_id: str, backlog: OcrBacklog) -> None:
+        with self._progress_lock:
+            self._ocr_backlog[(tenant, document_id)] = backlog
 
     def _set_progress(self, tenant: str, document_id: str, done: int | None, total: int = 0) -> None:
         with self._progress_lock:
@@ -263,7 +264,8 @@ class IndexingWorker:
         call = extraction_call(Path(file_path), internal_id(tenant, document_id), settings.language_probe_chars,
                                ExtractionLimits.from_settings(settings),
                                {"ocr": services.engine.ocr.shared_by(settings.index_workers)},
-                               on_progress=lambda item: self._on_extraction_report(tenant, document_id, item))
+                               on_ocr_page=lambda _page: self._count_ocr_page(tenant, document_id),
+                               on_ocr_backlog=lambda backlog: self._set_ocr_backlog(tenant, document_id, backlog))
         key = (tenant, document_id, generation)
         with self._running_lock:
             self._running[key] = call

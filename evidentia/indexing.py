@@ -166,19 +166,13 @@ def index_paths(
     # Two files of one run with the same stem would silently replace each other.
     indexed_from: dict[str, Path] = {}
 
-    def report(item: PageText | OcrBacklog) -> None:
-        callback = on_ocr_backlog if isinstance(item, OcrBacklog) else on_ocr_page
-        if callback is not None:
-            callback(item)
-
     def extract(path: Path, doc_id: str) -> Document:
         if limits is None:
             return extract_pages(Path(path), doc_id, detector, ocr=ocr, on_ocr_page=on_ocr_page,
                                  on_ocr_backlog=on_ocr_backlog)
-        # the same extraction, OCR included, in a bounded child process, whose reports
-        # come back on one channel
+        # the same extraction, OCR included, in a bounded child process
         return extract_bounded(Path(path), doc_id, detector.probe_chars, limits, {"ocr": ocr},
-                               on_progress=report)
+                               on_ocr_page=on_ocr_page, on_ocr_backlog=on_ocr_backlog)
 
 
     def extracted():

@@ -289,14 +289,11 @@ class Store:
                                  f"{SCHEMA_VERSION}")
             # CREATE ... IF NOT EXISTS: idempotent, so a crash half-way is redone next start
             self._conn.executescript(_SCHEMA)
-            have = {r[1] for r in self._conn.execute("PRAGMA table_info(documents)").fetchall()}
-            for column, decl in ADDED_DOCUMENT_COLUMNS.items():
-                if column not in have:
-                    self._conn.execute(f"ALTER TABLE documents ADD COLUMN {column} {decl}")
-            have = {r[1] for r in self._conn.execute("PRAGMA table_info(validations)").fetchall()}
-            for column, decl in ADDED_VALIDATION_COLUMNS.items():
-                if column not in have:
-                    self._conn.execute(f"ALTER TABLE validations ADD COLUMN {column} {decl}")
+            for table, added in (("documents", ADDED_DOCUMENT_COLUMNS), ("validations", ADDED_VALIDATION_COLUMNS)):
+                have = {r[1] for r in self._conn.execute(f"PRAGMA table_info({table})").fetchall()}
+                for column, decl in added.items():
+                    if column not in have:
+                        self._conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
             if 0 < version < 4:
                 # feedback a delete raced past before version 4 (post_feedback inserted after the
                 # delete's transaction): it holds a deleted document's page text, which a delete

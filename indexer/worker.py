@@ -398,26 +398,36 @@ def extract_checked(path: Path, doc_id: str, probe_chars: int, limits: Extractio
 
 
 def extraction_call(path: Path, doc_id: str, probe_chars: int, limits: ExtractionLimits,
-                    extract_kwargs: dict | None = None,
-                    on_progress: Callable[[Any], None] | None = None) -> BoundedCall:
+                    extract_kwargs: dict | None = None, on_ocr_page: Callable[[Any], None] | None = None,
+                    on_ocr_backlog: Callable[[Any], None] | None = None) -> BoundedCall:
     """A ``BoundedCall`` extracting ``path``; ``run()`` returns the ``Document`` or
     raises ``PdfError`` (the file's own problem) or ``WorkFailed`` (a limit, a crash,
-    a cancel), each with a one-line reason that names the file, never a server path."""
+    a cancel), each with a one-line reason that names the file, never a server path.
+    The child's reports come back to ``on_ocr_page`` (each page OCR'd, its PageText) and
+    ``on_ocr_backlog`` (an OcrBacklog), as ``extract_pages`` calls them."""
+    from evidentia.indexer.ocr import OcrBacklog
     from evidentia.indexer.pdf import PdfError
 
+    def on_progress(item: Any) -> None:  # one channel from the child: each report to its own callback
+        callback = on_ocr_backlog if isinstance(item, OcrBacklog) else on_ocr_page
+        if callback is not None:
+            callback(item)
+
+    reports = on_ocr_page is not None or on_ocr_backlog is not None
     return BoundedCall(extract_checked, (Path(path), doc_id, probe_chars, limits, extract_kwargs),
                        timeout_s=limits.timeout_s, memory_mb=limits.memory_mb, what="extraction",
                        setting="EVIDENTIA_EXTRACT", passthrough=(PdfError,), nice=EXTRACTION_NICE,
-                       on_progress=on_progress)
+                       on_progress=on_progress if reports else None)
 
 
 def extract_bounded(path: Path, doc_id: str, probe_chars: int, limits: ExtractionLimits,
-                    extract_kwargs: dict | None = None, on_progress: Callable[[Any], None] | None = None):
+                    extract_kwargs: dict | None = None, on_ocr_page: Callable[[Any], None] | None = None,
+                    on_ocr_backlog: Callable[[Any], None] | None = None):
     """``extraction_call(...).run()``, with ``WorkFailed`` turned into ``PdfError``
     prefixed by the file name, so callers handle one exception type."""
     from evidentia.indexer.pdf import PdfError
 
     try:
-        return extraction_call(path, doc_id, probe_chars, limits, extract_kwargs, on_progress).run()
+        return extraction_call(path, doc_id, probe_chars, limits, extract_kwargs, on_ocr_page, on_ocr_backlog).run()
     except WorkFailed as exc:
         raise PdfError(f"{Path(path).name}: {exc}") from None
