@@ -106,6 +106,7 @@ class Services:
         """EVIDENTIA_RETRAIN_INTERVAL_S: retrain when feedback arrived since the last
         round. A promoted model is picked up by the reranker cache (hot reload)."""
         from evidentia.training.lifecycle import RetrainOptions, run_retrain, verdicts_from_store
+        from evidentia.training.retrain import UnchangedTrainingData
 
         seen = -1
         while not self._stopping.wait(self.settings.retrain_interval_s):
@@ -119,6 +120,9 @@ class Services:
                                      log=log.info)
                 seen = len(verdicts)
                 log.info("scheduled retraining: %s %s", result.version, result.decision.reason)
+            except UnchangedTrainingData as exc:  # a restart's first round on the same verdicts
+                seen = len(verdicts)
+                log.info("scheduled retraining: %s", exc)
             except Exception:
                 log.exception("scheduled retraining failed; production model unchanged")
 

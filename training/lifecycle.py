@@ -33,6 +33,9 @@ class RetrainOptions:
     # lora (fine-tune base_model) or features (the shipped CPU model's kind); None:
     # the kind of the model in use now (production, or the shipped one)
     kind: str | None = None
+    # train even when a registered version was trained on the same records and settings
+    # (retrain.UnchangedTrainingData): to judge it again against today's production
+    force: bool = False
 
 
 def verdicts_from_store(settings: Settings) -> list[Verdict]:
@@ -131,4 +134,4 @@ def run_retrain(engine: "Engine", verdicts: Sequence[Verdict], base_data: Path |
                    held_out_fraction=options.held_out_fraction,
                    ece_margin=options.ece_margin, log=log, kind=kind,
                    # the base records are read as the model in use read them (its prefixes)
-                   recipe=TrainingRecipe.of_model(in_use.extra))
+                   recipe=TrainingRecipe.of_model(in_use.extra), force=options.force)

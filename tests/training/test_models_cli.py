@@ -44,7 +44,7 @@ def test_retrain_with_every_verdict_held_out_says_what_to_give(exported):
     """Two verdicts on one document: the document is held out, nothing is left to train on."""
     result = invoke("retrain", "--feedback", exported, "--tenant", "acme", "--kind", "features")
     assert result.exit_code == 1
-    assert "1 held-out queries, touching 1 held-out document(s): amcor-q4 (judged on, never trained on)" \
+    assert "1 held-out query, touching 1 held-out document(s): amcor-q4 (judged on, never trained on)" \
         in result.stderr
     # and without base records, a round says its candidate would learn from the verdicts alone
     assert "warning: no base records (--base-data or EVIDENTIA_RETRAIN_BASE_DATA): the candidate learns from the " \
@@ -131,10 +131,45 @@ def test_models_list_says_a_rolled_back_version_is_rolled_back(cli_env, tmp_path
         assert invoke("models", "promote", version).exit_code == 0
     assert invoke("models", "rollback").exit_code == 0
     lines = invoke("models", "list").stdout.splitlines()
-    assert len(lines) == 3
+    assert len(lines) == 4  # no gate note, no score: one line each, and the default model's
     assert lines[0].startswith("* v0001 ") and lines[0].endswith("  in production")
     assert lines[1].startswith("  v0002 ") and lines[1].endswith("  rolled back")
     assert lines[2].startswith("  v0003 ") and lines[2].endswith("  never promoted")
+    assert lines[3].startswith("  default  relevance-features")
+
+
+def test_models_list_shows_the_gate_s_reason_production_s_score_and_the_model_in_use(cli_env, tmp_path,
+                                                                                     monkeypatch):
+    """Both were in `--json` only, and nothing named the model searches use when no version
+    is in production, or when EVIDENTIA_CLASSIFIER_MODEL overrides the registry."""
+    import shutil
+
+    from evidentia.reranker.classifier_model import SHIPPED_MODEL_DIR
+    from evidentia.reranker.model_registry import registry_for
+
+    monkeypatch.delenv("EVIDENTIA_CLASSIFIER_MODEL", raising=False)
+    registry = registry_for(cli_env)
+    assert invoke("models", "list").stdout.splitlines() == [
+        "no trained model registered (`evidentia retrain` registers one)",
+        "* default  relevance-features, shipped with Evidentia  in use"]
+    entry = registry.register(shutil.copytree(SHIPPED_MODEL_DIR, tmp_path / "candidate"),
+                              note="P@3 would drop from 0.400 to 0.300: production kept")
+    registry.update_metrics(entry.version, {"held_out": {"P@3": 0.3, "ECE": 0.08, "queries": 12},
+                                            "production_on_same_split": {"P@3": 0.4, "ECE": 0.05, "queries": 12}})
+    lines = invoke("models", "list").stdout.splitlines()
+    assert lines[0].startswith("  v0001 ") and "P@3=0.3  ECE=0.08  never promoted" in lines[0]
+    assert lines[1:] == ["      production then, on the same 12 held-out queries: P@3=0.4  ECE=0.05",
+                         "      gate: P@3 would drop from 0.400 to 0.300: production kept",
+                         "* default  relevance-features, shipped with Evidentia  in use"]
+    assert invoke("models", "promote", "v0001").exit_code == 0
+    lines = invoke("models", "list").stdout.splitlines()
+    assert lines[0].startswith("* v0001 ")
+    assert lines[-1] == "  default  relevance-features, shipped with Evidentia  in use when no version is in production"
+    monkeypatch.setenv("EVIDENTIA_CLASSIFIER_MODEL", str(tmp_path / "mine"))
+    lines = invoke("models", "list").stdout.splitlines()
+    assert lines[0].startswith("  v0001 ")
+    assert lines[-1] == (f"* EVIDENTIA_CLASSIFIER_MODEL={tmp_path / 'mine'}  in use: it overrides the registry's "
+                         "production")
 
 
 def test_retrain_help_says_what_the_gate_does():
@@ -199,3 +234,22 @@ def test_promoting_the_model_in_production_again_changes_nothing(cli_env, tmp_pa
     unknown = invoke("models", "promote", "v0099")
     assert unknown.exit_code == 1 and unknown.stderr.strip() == \
         "error: unknown model version 'v0099'; registered: v0001, v0002"
+
+
+def test_retrain_twice_on_the_same_verdicts_registers_one_version(exported, tmp_path):
+    """The second round said "v0002: not promoted" and registered the same model again."""
+    base = tmp_path / "base.jsonl"
+    rows = [{"question": "Scope 1 emissions?", "answer": "100 t", "page_text": text, "relevance": relevance,
+             "doc_id": "b1", "page": page, "source": "base"}
+            for page, relevance, text in ((1, 1, "Our scope 1 emissions were 100 t in 2023."),
+                                          (2, 0, "The board met four times."))]
+    base.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ("retrain", "--feedback", exported, "--tenant", "acme", "--base-data", base)
+    first = invoke(*args)
+    assert first.exit_code == 0 and first.stdout.startswith("v0001: not promoted"), first.output
+    again = invoke(*args, "--json")
+    assert again.exit_code == 0, again.output
+    said = json.loads(again.stdout)
+    assert said["version"] is None and said["same_as"] == "v0001" and "no version registered" in said["reason"]
+    forced = invoke(*args, "--force")
+    assert forced.exit_code == 0 and forced.stdout.startswith("v0002: not promoted"), forced.output
