@@ -143,6 +143,29 @@ class ValidateRequest(BaseModel):
                                 "`missing_vectors`: upload them again, or use `bm25`).", examples=["hybrid"])
 
 
+class RerankerOption(BaseModel):
+    name: str
+    available: bool = Field(..., description="false when the server lacks what it needs (the LLM: no endpoint key "
+                            "configured); a request naming it still answers, in the first stage's order, with a "
+                            "`fallback_reason`.")
+    note: str | None = Field(None, description="Why it is not available, and what the server needs.")
+
+
+class ValidateOptions(BaseModel):
+    rerankers: list[RerankerOption]
+    default_reranker: str = Field(..., description="Used when a request names none (EVIDENTIA_DEFAULT_RERANKER).")
+    stage: Stage = Field(..., description="The default first stage (EVIDENTIA_STAGE).")
+    top_k: int = Field(..., description="The default candidate pool (EVIDENTIA_POOL_SIZE).")
+    max_top_k: int = Field(..., description="The largest `top_k` accepted (EVIDENTIA_MAX_TOP_K).")
+    threshold: float = Field(..., description="The classifier's default threshold (EVIDENTIA_CLASSIFIER_THRESHOLD).")
+
+
+class EarlierVerdict(BaseModel):
+    relevant: bool
+    analyst: str | None = Field(None, description="As the analyst signed it; null when unsigned.")
+    created: str
+
+
 class ValidatedPage(BaseModel):
     document_id: str
     page: int
@@ -150,6 +173,10 @@ class ValidatedPage(BaseModel):
                          "for `dense`, fused reciprocal rank for `hybrid`; the probability for the classifier).")
     probability: float | None = Field(None, description="Calibrated relevance probability, if the reranker has one.")
     snippet: str
+    earlier_verdicts: list[EarlierVerdict] = Field(default_factory=list, description="Verdicts analysts gave this "
+                                                   "page for the same question and answer in earlier validations "
+                                                   "of this upload of the document: each analyst's latest, latest "
+                                                   "first (at most 5).")
 
 
 class ValidateResponse(BaseModel):

@@ -137,6 +137,7 @@ CREATE TABLE IF NOT EXISTS feedback (
     UNIQUE (validation_id, document_id, page, analyst)
 );
 CREATE INDEX IF NOT EXISTS feedback_tenant ON feedback (tenant, id);
+CREATE INDEX IF NOT EXISTS feedback_page ON feedback (tenant, document_id, page);
 """
 
 
@@ -634,6 +635,34 @@ class Store:
             row = c.execute("SELECT * FROM feedback WHERE id = ?", (cur.lastrowid,)).fetchone()
         return FeedbackRow(row["id"], row["validation_id"], row["document_id"], row["page"], bool(row["relevant"]),
                            row["analyst"], row["page_text"], row["created"])
+
+    def earlier_verdicts(self, tenant: str, question: str, answer: str, pages: Sequence[tuple[str, int]],
+                         generations: dict[str, str], per_page: int = 5) -> dict[tuple[str, int], list[FeedbackRow]]:
+        """Verdicts given in earlier validations on these (document, page)s for the same
+        question and answer, on the document's upload ``generations`` (another file's page
+        is another page): each analyst's latest, latest first, at most ``per_page``."""
+        wanted = set(pages)
+        docs = sorted({d for d, _ in wanted})
+        if not docs:
+            return {}
+        rows = self._query(
+            "SELECT f.*, v.generations FROM feedback f JOIN validations v USING (validation_id) "
+            f"WHERE f.tenant = ? AND f.document_id IN ({', '.join('?' * len(docs))}) AND v.question = ? "
+            "AND v.answer = ? ORDER BY f.id DESC", (tenant, *docs, question, answer))
+        out: dict[tuple[str, int], list[FeedbackRow]] = {}
+        seen: set[tuple[str, int, str]] = set()
+        for r in rows:
+            key = (r["document_id"], r["page"])
+            if key not in wanted or (*key, r["analyst"]) in seen or len(out.get(key, ())) >= per_page:
+                continue
+            # a validation written before schema version 4 has no generations: not known to be this file's
+            if r["generations"] is None or json.loads(r["generations"]).get(key[0]) != generations.get(key[0]):
+                continue
+            seen.add((*key, r["analyst"]))
+            out.setdefault(key, []).append(FeedbackRow(r["id"], r["validation_id"], r["document_id"], r["page"],
+                                                       bool(r["relevant"]), r["analyst"], "", r["created"],
+                                                       question, answer))
+        return out
 
     def iter_feedback(self, tenant: str, batch: int = 500) -> Iterator[FeedbackRow]:
         """The tenant's feedback joined with its validation, in the order of the verdicts'

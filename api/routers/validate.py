@@ -14,12 +14,15 @@ from evidentia.api.deps import Caller, deadline, get_services, require_backend, 
 from evidentia.api.errors import ApiError, backend_unavailable, bounded_echo, errors, without_server_details
 from evidentia.tenants import internal_id, split_internal_id
 from evidentia.api.routers.documents import not_ready_message
-from evidentia.api.schemas import ErrorResponse, ValidatedPage, ValidateRequest, ValidateResponse
+from evidentia.api.schemas import (EarlierVerdict, ErrorResponse, RerankerOption, ValidatedPage,
+                                   ValidateOptions,
+                                   ValidateRequest, ValidateResponse)
 from evidentia.api.services import Services
 from evidentia.config import ConfigError
 from evidentia.engine import RunConfig, RunConfigError, SearchResult
 from evidentia.reranker.base import NoReranker, Reranker
 from evidentia.reranker.llm_runtime import Deadline, deadline_margin
+from evidentia.reranker.registry import reranker_names
 from evidentia.store import ValidationRow, now
 from evidentia.retriever.base import BackendError, MissingVectorsError, UnknownDocumentError, VectorModelError
 
@@ -65,6 +68,27 @@ def _limits(services: Services, body: ValidateRequest) -> tuple[list[str], RunCo
 
 def _external(doc_ids) -> list[str]:
     return [split_internal_id(d)[1] for d in doc_ids]
+
+
+@router.get("/v1/validate/options", response_model=ValidateOptions, summary="What POST /v1/validate offers here",
+            description="The rerankers (and whether the server can run each), the defaults a request gets and the "
+                        "largest `top_k`: what the web page's form offers.", responses=errors(401, 429))
+async def validate_options(caller: Caller = Depends(require_tenant),
+                           services: Services = Depends(get_services)) -> ValidateOptions:
+    s = services.settings
+    try:
+        defaults = services.engine.config()
+    except RunConfigError:  # the default stage needs dense retrieval, off here: requests get a 422 for it too
+        defaults = services.engine.config(stage="bm25")
+    rerankers = []
+    for name in reranker_names():
+        # the LLM needs an endpoint key (openai's client refuses to start without one, a local server too)
+        missing = name == "llm" and not s.llm_api_key
+        rerankers.append(RerankerOption(name=name, available=not missing, note=(
+            "no LLM is configured on this server (EVIDENTIA_LLM_API_KEY, and EVIDENTIA_LLM_BASE_URL for a local "
+            "one)" if missing else None)))
+    return ValidateOptions(rerankers=rerankers, default_reranker=defaults.reranker, stage=defaults.stage,
+                           top_k=defaults.pool_size, max_top_k=s.max_top_k, threshold=s.classifier_threshold)
 
 
 @router.post(
@@ -150,11 +174,17 @@ async def validate(body: ValidateRequest, request: Request, caller: Caller = Dep
     if reranker.takes_deadline:
         result = await _rerank_awaited(services, request, reranker, result, until)
 
+    generations = {d: rows[d].generation for d in document_ids}
+    shown = [(split_internal_id(p.doc_id)[1], p.page) for p in result.pages]
+    # so that a question validated again shows what the analysts said last time
+    earlier = await run_in_threadpool(services.store.earlier_verdicts, caller.tenant, result.query.question,
+                                      result.query.answer, shown, generations)
     pages = [
-        ValidatedPage(document_id=split_internal_id(p.doc_id)[1], page=p.page,
-                      score=round(p.score, 6),
-                      probability=None if p.probability is None else round(p.probability, 6), snippet=p.snippet)
-        for p in result.pages
+        ValidatedPage(document_id=doc, page=p.page, score=round(p.score, 6),
+                      probability=None if p.probability is None else round(p.probability, 6), snippet=p.snippet,
+                      earlier_verdicts=[EarlierVerdict(relevant=f.relevant, analyst=f.analyst or None,
+                                                       created=f.created) for f in earlier.get((doc, p.page), ())])
+        for (doc, _), p in zip(shown, result.pages)
     ]
     version = result.model_version
     timings = result.timings_ms
@@ -168,7 +198,7 @@ async def validate(body: ValidateRequest, request: Request, caller: Caller = Dep
                for p in pages],
         model_version=version, fallback_reason=fallback_reason, created=now(),
         # the versions read before the search: feedback on a version re-indexed since is refused
-        generations={d: rows[d].generation for d in document_ids},
+        generations=generations,
     )
     await run_in_threadpool(services.store.add_validation, validation)
     m = services.metrics

@@ -92,6 +92,27 @@ def test_ready_is_503_while_the_llm_has_no_key(own_client, monkeypatch):
     assert "no API key" in err["details"]["checks"]["reranker:llm"]
 
 
+def test_validate_options_say_what_the_form_can_offer(own_client, monkeypatch):
+    """The web page offered the LLM on a server with none configured (every search fell back)
+    and showed no default for the threshold or the pool: GET /v1/validate/options says."""
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    c = own_client(llm_api_key=None, classifier_threshold=0.2, pool_size=15)
+    headers = new_tenant(c)
+    assert_error(c.get("/v1/validate/options"), 401, "unauthorized")
+    options = c.get("/v1/validate/options", headers=headers).json()
+    by_name = {r["name"]: r for r in options["rerankers"]}
+    assert set(by_name) == {"none", "llm", "classifier", "cosine"}
+    assert by_name["llm"]["available"] is False and "EVIDENTIA_LLM_API_KEY" in by_name["llm"]["note"]
+    assert by_name["classifier"] == {"name": "classifier", "available": True, "note": None}
+    # dense is off in these apps: the default stage a request gets is bm25, as validate answers
+    assert {k: options[k] for k in ("default_reranker", "stage", "top_k", "max_top_k", "threshold")} == {
+        "default_reranker": "none", "stage": "bm25", "top_k": 15, "max_top_k": 100, "threshold": 0.2}
+    keyed = own_client(llm_api_key="sk-local")
+    llm = [r for r in keyed.get("/v1/validate/options", headers=new_tenant(keyed)).json()["rerankers"]
+           if r["name"] == "llm"]
+    assert llm == [{"name": "llm", "available": True, "note": None}]
+
+
 def test_ready_is_503_while_the_index_cannot_be_opened(own_client):
     c = own_client(wait=False, backend="elasticsearch", es_url=None)
     deadline = time.monotonic() + 10
@@ -171,6 +192,39 @@ def test_feedback_again_replaces_the_judgement(client, sample_pdf):
         assert r.status_code == 201
     lines = client.get("/v1/feedback/export", headers=h).text.splitlines()
     assert [json.loads(x)["relevance"] for x in lines] == [0]
+
+
+def test_a_question_validated_again_shows_the_earlier_verdicts(client, sample_pdf):
+    """Each analyst's latest verdict on a page, for the same question and answer, on the same
+    upload: asked again, the page does not look unjudged; another question, another answer or
+    a new upload of the document is another matter."""
+    h = new_tenant(client)
+    ready_document(client, h, sample_pdf)
+
+    def verdict(vid, relevant, analyst, page=2):
+        r = client.post("/v1/feedback", headers=h, json={"validation_id": vid, "document_id": "acme-2023",
+                                                         "page": page, "relevant": relevant, "analyst": analyst})
+        assert r.status_code == 201, r.text
+
+    def earlier(**extra) -> dict[int, list]:
+        r = validate(client, h, ["acme-2023"], **extra)
+        assert r.status_code == 200, r.text
+        return {p["page"]: [(v["relevant"], v["analyst"]) for v in p["earlier_verdicts"]] for p in r.json()["pages"]}
+
+    first = validate(client, h, ["acme-2023"]).json()
+    assert all(p["earlier_verdicts"] == [] for p in first["pages"])
+    verdict(first["validation_id"], True, "ann")
+    verdict(first["validation_id"], False, "bob")
+    verdict(first["validation_id"], False, "")  # unsigned
+    second = validate(client, h, ["acme-2023"]).json()
+    verdict(second["validation_id"], False, "ann")  # ann changed her mind in a later validation
+    seen = earlier()
+    assert seen[2] == [(False, "ann"), (False, None), (False, "bob")]
+    assert all(v == [] for page, v in seen.items() if page != 2)
+    assert all(v == [] for v in earlier(answer="another answer").values())
+    # a new upload of the document: its pages are another file's
+    ready_document(client, h, sample_pdf)
+    assert all(v == [] for v in earlier().values())
 
 
 def test_default_document_id_reupload_and_delete(client, sample_pdf, tmp_path):
