@@ -3,7 +3,7 @@
 // /v1 API with the key in X-API-Key. Text from documents is only ever set with
 // textContent / text nodes (see keywords.js), never parsed as HTML.
 
-import { appendHighlighted, keywords } from "./keywords.js";
+import { appendHighlighted, keywords, reflowed } from "./keywords.js";
 import { documentStatus } from "./status.js";
 
 const KEY_STORE = "evidentia.apiKey";
@@ -25,6 +25,8 @@ const state = {
   validation: null,       // last POST /v1/validate answer
   terms: [],              // keywords of its question + answer
   objectUrls: new Set(),  // thumbnails to revoke
+  options: null,          // GET /v1/validate/options: what the server can run, its defaults
+  viewerVerdict: null,    // the verdict of the page in the larger view (its buttons are one of its views)
 };
 
 // -- API ----------------------------------------------------------------------
@@ -157,7 +159,44 @@ function enterWorkspace(documents) {
   $("workspace").hidden = false;
   $("session").hidden = false;
   setDocuments(documents);
+  loadOptions();
   $("question").focus();
+}
+
+const RERANKER_LABELS = { none: "None (first-stage order)", llm: "LLM", classifier: "Classifier" };
+
+// The form offers what the server can run (an LLM without a configured endpoint fell
+// back on every search) and shows the defaults a request gets.
+async function loadOptions() {
+  let options;
+  try {
+    options = await api("/v1/validate/options");
+  } catch (err) {
+    return;  // an older server: the form works with its defaults
+  }
+  state.options = options;
+  const select = $("reranker");
+  for (const option of select.options) {
+    const offered = options.rerankers.find((r) => r.name === option.value);
+    if (!offered) continue;
+    option.disabled = !offered.available;
+    option.title = offered.note || "";
+    option.textContent = RERANKER_LABELS[option.value] + (offered.available ? "" : " (not configured on this server)");
+  }
+  const fallback = [...select.options].find((o) => !o.disabled);
+  if (select.selectedOptions[0] && select.selectedOptions[0].disabled && fallback) select.value = fallback.value;
+  const byDefault = [...select.options].find((o) => o.value === options.default_reranker && !o.disabled);
+  if (byDefault && !state.validation) select.value = byDefault.value;
+  $("threshold").placeholder = `default ${options.threshold}`;
+  $("top-k").placeholder = `default ${options.top_k}`;
+  $("top-k").max = String(options.max_top_k);
+  syncThreshold();
+}
+
+function syncThreshold() {
+  const classifier = $("reranker").value === "classifier";
+  $("threshold").disabled = !classifier;
+  if (!classifier) $("threshold").value = "";
 }
 
 // -- documents ----------------------------------------------------------------
@@ -362,6 +401,25 @@ function formatScore(page, result) {
   return `${STAGE_SCORES[by] || "score"} ${page.score.toFixed(by === "hybrid" ? 4 : 2)}`;
 }
 
+// What the score on each card is, said once above the cards (and on each score, on hover).
+function scoreHelp(result) {
+  const by = rankedBy(result);
+  if (by === "classifier") {
+    const t = result.threshold !== null && result.threshold !== undefined
+      ? ` Pages below ${result.threshold} were left out (the threshold).` : "";
+    return "Probability that the page supports the answer: of pages given 0.30, about 30 % do." + t;
+  }
+  if (by === "llm") return "The LLM kept these pages and put them in this order, best first.";
+  if (by === "hybrid") {
+    return "Fused rank score: the page's places in the keyword (BM25) and meaning (dense) searches, " +
+      "combined. It orders the pages; it is not a probability.";
+  }
+  if (by === "dense") return "Similarity of the page's meaning to the question and answer. It orders the pages; " +
+    "it is not a probability.";
+  return "BM25 score: how strongly the page holds the question's and answer's words. It orders this search's " +
+    "pages; it is not a probability.";
+}
+
 // A fallback reason in plain words: the first clause, without library detail.
 function plainReason(reason) {
   const text = String(reason || "").replace(/; first-stage order returned$/, "");
@@ -399,6 +457,8 @@ function renderResults(result) {
   // why the hybrid stage searched with BM25 (a document without page embeddings), as the API and the CLI say
   $("stage-note").textContent = result.stage_note || "";
   $("stage-note").hidden = !result.stage_note;
+  $("score-help").textContent = n ? scoreHelp(result) : "";
+  $("score-help").hidden = !n;
   $("no-results").hidden = n > 0;
   if (n === 0 && result.note) $("no-results").textContent = result.note;
   const items = result.pages.map((page, i) => resultItem(page, i + 1, result));
@@ -425,7 +485,8 @@ function resultItem(page, rank, result) {
   placeholder.className = "thumb-status muted";
   placeholder.textContent = "rendering…";
   thumb.append(img, placeholder);
-  thumb.addEventListener("click", () => openViewer(page));
+  const judged = newVerdict(page);
+  thumb.addEventListener("click", () => openViewer(page, judged));
 
   const body = document.createElement("div");
   body.className = "result-body";
@@ -438,10 +499,11 @@ function resultItem(page, rank, result) {
   where.type = "button";
   where.className = "link where";
   where.textContent = `${page.document_id} · page ${page.page}`;
-  where.addEventListener("click", () => openViewer(page));
+  where.addEventListener("click", () => openViewer(page, judged));
   const score = document.createElement("span");
   score.className = "score";
   score.textContent = formatScore(page, result);
+  score.title = scoreHelp(result);
   meta.append(rankEl, where, score);
   const doc = state.documents.find((d) => d.document_id === page.document_id);
   if (doc && doc.ocr_pages) addSourceBadge(meta, page);
@@ -450,8 +512,31 @@ function resultItem(page, rank, result) {
   snippet.className = "snippet";
   appendHighlighted(snippet, page.snippet, state.terms);
 
-  const verdict = document.createElement("div");
-  verdict.className = "verdict";
+  const verdict = verdictView(judged);
+
+  body.append(meta, snippet, verdict);
+  li.append(thumb, body);
+  return li;
+}
+
+// One verdict per result card. Its buttons are on the card and, while the page is open
+// there, in the larger view: either sends it, both show what was recorded; and what
+// analysts said of the page for this question before (earlier validations).
+function newVerdict(page) {
+  return { page, views: [], chosen: null, busy: false, status: "", statusClass: "verdict-status",
+           earlier: earlierText(page.earlier_verdicts || []) };
+}
+
+function earlierText(verdicts) {
+  if (!verdicts.length) return "";
+  const said = verdicts.map((v) => `${v.relevant ? "relevant" : "not relevant"}` +
+    ` (${v.analyst || "unsigned"}, ${new Date(v.created).toLocaleDateString()})`);
+  return `Judged before for this question: ${said.join("; ")}`;
+}
+
+function verdictView(judged) {
+  const box = document.createElement("div");
+  box.className = "verdict";
   const yes = document.createElement("button");
   yes.type = "button";
   yes.className = "verdict-yes";
@@ -461,23 +546,37 @@ function resultItem(page, rank, result) {
   no.className = "verdict-no";
   no.textContent = "✗ Not relevant";
   const status = document.createElement("span");
-  status.className = "verdict-status";
   status.setAttribute("role", "status");
-  yes.addEventListener("click", () => sendFeedback(page, true, { yes, no, status }));
-  no.addEventListener("click", () => sendFeedback(page, false, { yes, no, status }));
-  verdict.append(yes, no, status);
-
-  body.append(meta, snippet, verdict);
-  li.append(thumb, body);
-  return li;
+  const earlier = document.createElement("span");
+  earlier.className = "verdict-earlier muted small";
+  earlier.textContent = judged.earlier;
+  earlier.hidden = !judged.earlier;
+  yes.addEventListener("click", () => sendFeedback(judged, true));
+  no.addEventListener("click", () => sendFeedback(judged, false));
+  box.append(yes, no, status, earlier);
+  judged.views.push({ box, yes, no, status });
+  paintVerdict(judged);
+  return box;
 }
 
-async function sendFeedback(page, relevant, { yes, no, status }) {
+function paintVerdict(judged) {
+  for (const { yes, no, status } of judged.views) {
+    yes.disabled = no.disabled = judged.busy;
+    yes.classList.toggle("chosen", judged.chosen === true);
+    no.classList.toggle("chosen", judged.chosen === false);
+    yes.setAttribute("aria-pressed", String(judged.chosen === true));
+    no.setAttribute("aria-pressed", String(judged.chosen === false));
+    status.className = judged.statusClass;
+    status.textContent = judged.status;
+  }
+}
+
+async function sendFeedback(judged, relevant) {
   const validation = state.validation;
   if (!validation) return;
-  yes.disabled = no.disabled = true;
-  status.className = "verdict-status muted";
-  status.textContent = "saving…";
+  const { page } = judged;
+  Object.assign(judged, { busy: true, statusClass: "verdict-status muted", status: "saving…" });
+  paintVerdict(judged);
   const analyst = sessionStorage.getItem(ANALYST_STORE) || null;
   try {
     await api("/v1/feedback", {
@@ -485,17 +584,13 @@ async function sendFeedback(page, relevant, { yes, no, status }) {
       json: { validation_id: validation.validation_id, document_id: page.document_id, page: page.page, relevant, analyst },
     });
     if (state.validation !== validation) return;
-    yes.classList.toggle("chosen", relevant);
-    no.classList.toggle("chosen", !relevant);
-    yes.setAttribute("aria-pressed", String(relevant));
-    no.setAttribute("aria-pressed", String(!relevant));
-    status.className = "verdict-status ok";
-    status.textContent = `Recorded: ${relevant ? "relevant" : "not relevant"}`;
+    Object.assign(judged, { chosen: relevant, statusClass: "verdict-status ok",
+                            status: `Recorded: ${relevant ? "relevant" : "not relevant"}` });
   } catch (err) {
-    status.className = "verdict-status error-text";
-    status.textContent = `Not recorded: ${friendly(err)}`;
+    Object.assign(judged, { statusClass: "verdict-status error-text", status: `Not recorded: ${friendly(err)}` });
   } finally {
-    yes.disabled = no.disabled = false;
+    judged.busy = false;
+    paintVerdict(judged);
   }
 }
 
@@ -574,9 +669,21 @@ function loadThumbnails(items) {
 // -- larger view --------------------------------------------------------------
 let viewerToken = 0;
 
-async function openViewer(page) {
+function detachViewerVerdict() {
+  const judged = state.viewerVerdict;
+  if (judged) judged.views = judged.views.filter((v) => !$("viewer-verdict").contains(v.box));
+  state.viewerVerdict = null;
+  $("viewer-verdict").replaceChildren();
+}
+
+async function openViewer(page, judged) {
   const token = ++viewerToken;
   const dialog = $("viewer");
+  detachViewerVerdict();
+  if (judged) {
+    state.viewerVerdict = judged;
+    $("viewer-verdict").append(verdictView(judged));
+  }
   $("viewer-title").textContent = `${page.document_id} · page ${page.page}`;
   const img = $("viewer-img");
   img.removeAttribute("src");
@@ -607,7 +714,7 @@ async function openViewer(page) {
       text.textContent = data.text_source === "unread"
         ? "(a scanned page whose text was not read: OCR is off or Tesseract is not installed)"
         : "(this page has no text: a blank page)";
-    } else appendHighlighted(text, data.text, state.terms);
+    } else appendHighlighted(text, reflowed(data.text), state.terms);
   } catch (err) {
     if (token === viewerToken) text.textContent = `The text could not be loaded: ${friendly(err)}`;
   }
@@ -615,6 +722,7 @@ async function openViewer(page) {
 
 function closeViewer() {
   viewerToken++;
+  detachViewerVerdict();
   const dialog = $("viewer");
   if (dialog.open) dialog.close();
 }
@@ -626,14 +734,10 @@ function init() {
   $("banner-close").addEventListener("click", clearError);
   $("file-input").addEventListener("change", uploadFiles);
   $("validate-form").addEventListener("submit", validate);
-  $("reranker").addEventListener("change", () => {
-    const classifier = $("reranker").value === "classifier";
-    $("threshold").disabled = !classifier;
-    if (!classifier) $("threshold").value = "";
-  });
+  $("reranker").addEventListener("change", syncThreshold);
   $("viewer-close").addEventListener("click", closeViewer);
   $("viewer").addEventListener("click", (e) => { if (e.target === $("viewer")) closeViewer(); });
-  $("viewer").addEventListener("close", () => { viewerToken++; });
+  $("viewer").addEventListener("close", () => { viewerToken++; detachViewerVerdict(); });
 
   const key = sessionStorage.getItem(KEY_STORE);
   if (!key) {

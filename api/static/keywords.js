@@ -96,3 +96,24 @@ export function appendHighlighted(parent, text, terms) {
   if (last < (text || "").length) parent.appendChild(doc.createTextNode(text.slice(last)));
   return marks;
 }
+
+// A page's text for reading: the PDF's line ends inside a sentence become spaces (a
+// column's lines read as one paragraph), a word hyphenated across lines is joined. A line
+// is kept as it is after a full stop or colon, when it is short (a heading, a table
+// cell) or ends in a figure (a table's row), and before a bullet. Display only: search
+// and the stored text keep the lines.
+export function reflowed(text) {
+  const lines = String(text).split("\n");
+  let out = lines[0] || "";
+  for (let i = 1; i < lines.length; i++) {
+    const prev = lines[i - 1].trimEnd();
+    const next = lines[i].trimStart();
+    const lower = /^\p{Ll}/u.test(next);
+    const joins = prev && next && !/[.!?:]$/.test(prev) && /^[\p{L}\p{N}(“‘"'$€£]/u.test(next) &&
+      (lower || (prev.length >= 40 && !/[\d%]$/.test(prev)));
+    if (!joins) out += "\n" + lines[i];
+    else if (/\p{L}-$/u.test(prev) && lower) out = out.trimEnd() + next;  // hyphenated across the line end
+    else out = out.trimEnd() + " " + next;
+  }
+  return out;
+}

@@ -245,6 +245,13 @@ def test_analyst_session_upload_validate_feedback(browser, server, tmp_path):
     assert not by_css(driver, "#banner").is_displayed()
     assert first.get_attribute("data-document-id") == "acme-2023" and first.get_attribute("data-page") == "2"
     assert "page 2" in first.text and "BM25 score" in first.text
+    # what the score is, said once above the cards (the stage here is bm25: dense is off)
+    assert "BM25 score: how strongly the page holds" in by_css(driver, "#score-help").text
+    assert "not a probability" in by_css(driver, "#score-help").text
+    # the server's defaults, and the LLM it has an endpoint key for, are offered
+    assert by_css(driver, "#top-k").get_attribute("placeholder") == "default 20"
+    llm = by_css(driver, '#reranker option[value="llm"]')
+    assert llm.is_enabled() and llm.text == "LLM"
     marks = [m.text for m in first.find_elements("css selector", ".snippet mark")]
     assert marks and "12,450" in marks, marks
     # the thumbnail is a real PNG, fetched with the key (blob: URL) and decoded
@@ -265,13 +272,16 @@ def test_analyst_session_upload_validate_feedback(browser, server, tmp_path):
     assert "Greenhouse gas emissions" in by_css(driver, "#viewer-text").text
     if shots:
         driver.save_screenshot(str(Path(shots) / "ui-page-view.png"))
+
+    # a verdict given in the larger view is the card's: acknowledged in both, and in the export
+    by_css(driver, "#viewer-verdict .verdict-yes").click()
+    wait(driver, lambda d: "Recorded: relevant" in by_css(d, "#viewer-verdict .verdict-status").text,
+         "feedback not shown as recorded in the view")
     by_css(driver, "#viewer-close").click()
     wait(driver, lambda d: not by_css(d, "#viewer").is_displayed(), "the view did not close")
-
-    # a verdict, acknowledged on the page, and in the export
-    first.find_element("css selector", ".verdict-yes").click()
-    wait(driver, lambda d: "Recorded: relevant" in first.find_element("css selector", ".verdict-status").text,
-         "feedback not shown as recorded")
+    assert not driver.find_elements("css selector", "#viewer-verdict button")
+    assert "Recorded: relevant" in first.find_element("css selector", ".verdict-status").text
+    assert first.find_element("css selector", ".verdict-yes").get_attribute("aria-pressed") == "true"
     if shots:
         wait(driver, lambda d: d.execute_script(
             "return [...document.querySelectorAll('.thumb-img')].every(i => i.complete && i.naturalWidth > 0)"),
@@ -281,6 +291,18 @@ def test_analyst_session_upload_validate_feedback(browser, server, tmp_path):
     records = [json.loads(line) for line in lines]
     assert {"question": SAMPLE_QUESTION, "answer": SAMPLE_ANSWER, "relevance": 1, "doc_id": "acme-2023",
             "page": 2, "source": "feedback"}.items() <= records[-1].items(), records
+
+    # asked again, the page says what was said of it before; the others say nothing
+    by_css(driver, "#validate-button").click()
+    wait(driver, lambda d: d.execute_script(
+        "const c = document.querySelector('#result-list li.result .verdict-earlier');"
+        "return c && !c.hidden && c.textContent"), "no earlier verdict shown")
+    again = by_css(driver, "#result-list li.result")
+    assert again.get_attribute("data-page") == "2"
+    assert "Judged before for this question: relevant (ann@example.com," in again.text
+    assert again.find_element("css selector", ".verdict-yes").get_attribute("aria-pressed") == "false"
+    others = driver.find_elements("css selector", "#result-list li.result + li.result .verdict-earlier")
+    assert others and all(not e.is_displayed() for e in others)
 
     # a question asked without an answer is searched too (the API and the CLI take it)
     fill(driver, "#answer", "")
@@ -359,6 +381,10 @@ def test_the_page_counts_pages_while_a_document_is_indexed(browser, tmp_path):
                           ).status_code == 202
         driver = browser
         sign_in(driver, srv.url, key)
+        # no LLM endpoint key on this server: the form says so rather than fall back on every search
+        wait(driver, lambda d: "not configured" in by_css(d, '#reranker option[value="llm"]').text,
+             "the LLM offered without an endpoint")
+        assert not by_css(driver, '#reranker option[value="llm"]').is_enabled()
         info = '#doc-list li[data-document-id="long-report"] .doc-info'
         counted = re.compile(r"indexing [1-9][0-9]* / 400 pages")
         # read in one script call: the list is re-rendered every second, so elements go stale
@@ -440,8 +466,11 @@ def test_keywords_module_in_the_browser(browser, server):
           const terms = m.keywords("What were the Scope 1 and 2 emissions in 2023? $1,577.00 tCO2e, 12.5 %");
           const p = document.createElement('p');
           const n = m.appendHighlighted(p, "<b>Emission</b> total 1577 t; 2023: 12.5% <img src=x onerror=alert(1)>", terms);
+          const reflowed = m.reflowed("Sustainability Committee\\nThe Committee assists the Board in overseeing\\n" +
+            "the Group's HSEC performance, and the adequacy of its sustain-\\nability framework.\\n" +
+            "Scope 1 emissions in 2023 (tCO2e) were 12,450\\nScope 2 emissions\\n• a bullet");
           done({terms, n, html: p.innerHTML, marks: [...p.querySelectorAll('mark')].map((x) => x.textContent),
-                eu: m.canonicalNumber("1.577,00"), bullets: bullets.textContent});
+                eu: m.canonicalNumber("1.577,00"), bullets: bullets.textContent, reflowed});
         }).catch((e) => done({error: String(e)}));
     """)
     assert "error" not in result, result
@@ -451,6 +480,12 @@ def test_keywords_module_in_the_browser(browser, server):
     assert result["eu"] == "1577"
     # a Symbol font's bullet (private use, a missing-glyph box) shown as a bullet
     assert result["bullets"] == "• A short-term target • and a medium-term one"
+    # the PDF's line ends inside a sentence read as spaces; headings, a row ending in a figure, bullets kept
+    assert result["reflowed"].split("\n") == [
+        "Sustainability Committee",
+        "The Committee assists the Board in overseeing the Group's HSEC performance, and the adequacy of its "
+        "sustain-ability framework.",
+        "Scope 1 emissions in 2023 (tCO2e) were 12,450", "Scope 2 emissions", "• a bullet"]
     assert_no_script_errors(driver)
 
 
