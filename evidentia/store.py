@@ -58,19 +58,31 @@ TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 DOCUMENT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")
 
 
+# Latin letters that NFKD does not take to ASCII, written as people write them without
+# the letter: `Größe` was `Groe`, and `Søren` and `Sren` shared an id
+_TRANSLITERATED = str.maketrans({"ß": "ss", "ẞ": "SS", "æ": "ae", "Æ": "AE", "œ": "oe", "Œ": "OE", "ø": "o", "Ø": "O",
+                                 "ł": "l", "Ł": "L", "đ": "d", "Đ": "D", "ð": "d", "Ð": "D", "þ": "th", "Þ": "Th",
+                                 "ı": "i", "ħ": "h", "Ħ": "H"})
+
+
 def document_id_for(filename: str) -> str:
     """A file's document id, the same for the CLI and the API: its stem with accents
-    dropped (``é`` -> ``e``), every run of characters other than ASCII letters,
-    digits, ``_``, ``.``, ``-`` turned into one ``-``. A stem with none of those
-    (``文档.pdf``) is ``document-`` and 8 hex digits of its name's hash; one longer
-    than an id's 128 characters keeps its first 119 and ``-`` and those 8 digits.
-    Either way two files never share an id, which would make the second replace the
-    first."""
+    dropped (``é`` -> ``e``; ``ß``, ``æ``, ``ø``, ``œ``, ``ł`` written ``ss``, ``ae``,
+    ``o``, ``oe``, ``l``), every run of characters other than ASCII letters, digits,
+    ``_``, ``.``, ``-`` turned into one ``-``. A stem that loses letters or digits
+    without an ASCII form (Cyrillic, Greek, CJK) gets ``-`` and 8 hex digits of its
+    name's hash (``Отчёт_2023.pdf`` is ``2023-`` and those digits; ``文档.pdf``,
+    with nothing left, ``document-`` and them); one longer than an id's 128
+    characters keeps its first 119 and ``-`` and those 8 digits. Either way two files
+    never share an id, which would make the second replace the first."""
     stem = PurePath(filename).stem
     digest = hashlib.sha256(stem.encode("utf-8")).hexdigest()[:8]
-    plain = unicodedata.normalize("NFKD", stem).encode("ascii", "ignore").decode("ascii")
+    decomposed = unicodedata.normalize("NFKD", stem.translate(_TRANSLITERATED))
+    plain = decomposed.encode("ascii", "ignore").decode("ascii")
+    # an accent is a combining mark (category M) after NFKD: dropping it loses nothing that tells names apart
+    lost = any(not ch.isascii() and unicodedata.category(ch)[0] in "LN" for ch in decomposed)
     cleaned = re.sub(r"[^A-Za-z0-9_.-]+", "-", plain).strip("-._")
-    if len(cleaned) > 128:
+    if cleaned and (lost or len(cleaned) > 128):
         cleaned = f"{cleaned[:119].rstrip('-._')}-{digest}"
     return cleaned or f"document-{digest}"
 

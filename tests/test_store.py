@@ -12,6 +12,9 @@ from evidentia.store import DOCUMENT_ID_RE, TENANT_RE, document_id_for
     ("Rapport_développement_durable 2023 (é).pdf", "Rapport_developpement_durable-2023-e"),
     ("reports/acme-2023.PDF", "acme-2023"),
     ("-a-.pdf", "a"),
+    ("Nachhaltigkeitsbericht_Müller_Größe.pdf", "Nachhaltigkeitsbericht_Muller_Grosse"),
+    ("Œuvre_cœur.pdf", "OEuvre_coeur"),
+    ("Łódź_raport.pdf", "Lodz_raport"),
 ])
 def test_a_files_document_id_keeps_its_readable_name(name, expected):
     assert document_id_for(name) == expected and DOCUMENT_ID_RE.match(expected)
@@ -41,3 +44,16 @@ def test_long_names_that_differ_past_an_ids_length_get_distinct_ids():
 @pytest.mark.parametrize("value", ["evil\n", "acme\n", "a\nb", "a b", "", "-a", "a:b", "é"])
 def test_ids_and_tenants_hold_no_newline_or_foreign_character(value):
     assert not DOCUMENT_ID_RE.match(value) and not TENANT_RE.match(value)
+
+
+def test_names_that_lose_letters_without_an_ascii_form_get_distinct_ids():
+    """`Отчёт_2023.pdf` and `Έκθεση_2023.pdf` both became `2023`, and `Søren_Ørsted.pdf` and
+    `Sren_rsted.pdf` shared an id: the second upload silently replaced the first."""
+    russian, greek = document_id_for("Отчёт_2023.pdf"), document_id_for("Έκθεση_2023.pdf")
+    chinese_a, chinese_b = document_id_for("文档 2023.pdf"), document_id_for("报告 2023.pdf")
+    assert len({russian, greek, chinese_a, chinese_b}) == 4
+    assert all(i.startswith("2023-") and len(i) == 13 and DOCUMENT_ID_RE.match(i)
+               for i in (russian, greek, chinese_a, chinese_b))
+    assert document_id_for("Отчёт_2023.pdf") == russian  # the same name, the same id
+    assert document_id_for("Søren_Ørsted.pdf") == "Soren_Orsted" != document_id_for("Sren_rsted.pdf")
+    assert len(document_id_for("Отчёт" + "a" * 300 + ".pdf")) == 128
