@@ -197,24 +197,52 @@ class ModelRegistry:
             state["models"][version].setdefault("metrics", {}).update(metrics)
         return self.get(version)
 
+    def use_default(self, reason: str = "") -> None:
+        """Take the production version out: the default model (EVIDENTIA_CLASSIFIER_MODEL or
+        the shipped one) is used. A promotion of "no version", so rollback undoes it."""
+        with self._locked() as state:
+            previous = state.get("production")
+            if previous is None:
+                return
+            state["production"] = None
+            state["events"].append({"at": _now(), "event": "promoted", "version": None, "previous": previous,
+                                    "reason": reason})
+
     def rollback(self) -> ModelEntry | None:
-        """Back to the model that was in production before the current one
-        (None: back to the default model when no earlier one exists)."""
+        """Back to the model that was in production before the current one was put there;
+        each rollback goes one step further back, to the default model (None) at the end."""
         with self._locked() as state:
             current = state.get("production")
-            if current is None:
+            history = production_history(state["events"])
+            if history[-1] != current:
+                # a registry.json edited by hand: the events do not lead to its production
+                history = [None] + ([current] if current is not None else [])
+            if len(history) < 2:
                 raise RegistryError("no model is in production: nothing to roll back")
-            history = [e for e in state["events"] if e["event"] in ("promoted", "rolled back")]
-            # walk back over promotions to find what preceded the current model
-            previous = None
-            for event in reversed(history):
-                # (a registry written before promote ignored a repeat holds "v1 over v1": not a way back)
-                if event["version"] == current and event["event"] == "promoted" and event.get("previous") != current:
-                    previous = event.get("previous")
-                    break
+            previous = history[-2]
             state["production"] = previous
             state["events"].append({"at": _now(), "event": "rolled back", "version": previous, "from": current})
         return self.production()
+
+
+def production_history(events: list[dict]) -> list[str | None]:
+    """What was put in production, oldest first, as the events leave it: a promotion adds
+    its version (None: the default model), a rollback takes the last one off. Rollback
+    read "the version before the current one's last promotion", so after v1, v3, v1 it went
+    v3, v1, v3, … for ever. A rollback event that disagrees (written by that rule) is
+    followed to the version it names."""
+    history: list[str | None] = [None]
+    for event in events:
+        if event["event"] == "promoted":
+            if event["version"] != history[-1]:
+                history.append(event["version"])
+        elif event["event"] == "rolled back":
+            target = event.get("version")
+            if len(history) > 1:
+                history.pop()
+            if history[-1] != target:
+                history = history[:history.index(target) + 1] if target in history else [*history, target]
+    return history
 
 
 def _status(version: str, promoted: bool, state: dict) -> str:

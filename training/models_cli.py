@@ -138,13 +138,25 @@ def models_list(as_json: bool = typer.Option(False, "--json")):
 
 
 @models_app.command("promote")
-def models_promote(version: str = typer.Argument(...)):
+def models_promote(version: str = typer.Argument(..., help="A registered version, or `default` for the default "
+                                                "model (the shipped one, or EVIDENTIA_CLASSIFIER_MODEL).")):
     """Put a registered model in production (the API switches without a restart)."""
     from evidentia.console import EXIT_BAD_INPUT, Context, fail
     from evidentia.reranker.model_registry import RegistryError, registry_for
 
     ctx = Context()
     registry = registry_for(ctx.settings.data_dir)
+    if version == "default":
+        try:
+            before = registry.production()
+            registry.use_default(reason="the default model, by hand")
+        except RegistryError as exc:
+            raise fail(str(exc), EXIT_BAD_INPUT)
+        if before is None:
+            typer.echo("the default model was already in use: nothing changed")
+        else:
+            typer.echo(f"the default model is in use (`evidentia models rollback` puts {before.version} back)")
+        return
     try:
         before = registry.production()
         known = [e.version for e in registry.entries()]

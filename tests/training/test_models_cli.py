@@ -253,3 +253,53 @@ def test_retrain_twice_on_the_same_verdicts_registers_one_version(exported, tmp_
     assert said["version"] is None and said["same_as"] == "v0001" and "no version registered" in said["reason"]
     forced = invoke(*args, "--force")
     assert forced.exit_code == 0 and forced.stdout.startswith("v0002: not promoted"), forced.output
+
+
+def test_rollback_walks_back_through_every_promotion_to_the_default_model(cli_env, tmp_path):
+    """After v0001, v0002, v0001 rollback went v0002, v0001, v0002, ... for ever, and nothing
+    but a hand edit brought the shipped model back (`models promote default` was refused)."""
+    import shutil
+
+    from evidentia.reranker.classifier_model import SHIPPED_MODEL_DIR
+    from evidentia.reranker.model_registry import registry_for
+
+    for n in range(2):
+        registry_for(cli_env).register(shutil.copytree(SHIPPED_MODEL_DIR, tmp_path / f"candidate-{n}"))
+    for version in ("v0001", "v0002", "v0001"):
+        assert invoke("models", "promote", version).exit_code == 0
+    said = [invoke("models", "rollback").stdout.strip() for _ in range(3)]
+    assert said == ["v0002 is in production", "v0001 is in production", "back to the default model"]
+    refused = invoke("models", "rollback")
+    assert refused.exit_code == 1 and "nothing to roll back" in refused.output
+
+    assert invoke("models", "promote", "v0002").exit_code == 0
+    chosen = invoke("models", "promote", "default")
+    assert chosen.exit_code == 0, chosen.output
+    assert chosen.stdout.strip() == "the default model is in use (`evidentia models rollback` puts v0002 back)"
+    assert invoke("models", "list").stdout.splitlines()[-1].startswith("* default  relevance-features")
+    assert invoke("models", "promote", "default").stdout.strip() == "the default model was already in use: nothing changed"
+    assert invoke("models", "rollback").stdout.strip() == "v0002 is in production"
+
+
+def test_rollback_recovers_a_registry_looped_by_the_earlier_rule(cli_env, tmp_path):
+    """Events written by the earlier rule (v1, v2, v1 promoted, then rolled back to v2 and to v1):
+    the next rollback leaves the loop for the version before v1, the default model."""
+    import shutil
+
+    from evidentia.reranker.classifier_model import SHIPPED_MODEL_DIR
+    from evidentia.reranker.model_registry import registry_for
+
+    registry = registry_for(cli_env)
+    for n in range(2):
+        registry.register(shutil.copytree(SHIPPED_MODEL_DIR, tmp_path / f"candidate-{n}"))
+    path = registry.root / "registry.json"
+    state = json.loads(path.read_text())
+    state["events"] += [{"at": "t", "event": "promoted", "version": "v0001", "previous": None},
+                        {"at": "t", "event": "promoted", "version": "v0002", "previous": "v0001"},
+                        {"at": "t", "event": "promoted", "version": "v0001", "previous": "v0002"},
+                        {"at": "t", "event": "rolled back", "version": "v0002", "from": "v0001"},
+                        {"at": "t", "event": "rolled back", "version": "v0001", "from": "v0002"}]
+    state["production"] = "v0001"
+    state["models"]["v0001"]["promoted"] = state["models"]["v0002"]["promoted"] = True
+    path.write_text(json.dumps(state))
+    assert invoke("models", "rollback").stdout.strip() == "back to the default model"
