@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from evidentia.config import Settings
 from evidentia.reranker.model_registry import registry_for
 from evidentia.store import Store, store_path
-from evidentia.tenants import DEFAULT_TENANT, internal_id
+from evidentia.tenants import DEFAULT_TENANT, internal_id, split_internal_id
 from evidentia.training.dataset import TrainingRecord, read_records
 from evidentia.training.retrain import RetrainResult, Verdict, retrain
 from evidentia.training.train import TrainingError, TrainParams
@@ -53,7 +53,7 @@ def verdicts_from_store(settings: Settings) -> list[Verdict]:
         for tenant in store.tenants():
             for f in store.iter_feedback(tenant):
                 out.append(Verdict(f.question, f.answer, internal_id(tenant, f.document_id), f.page,
-                                   f.relevant, f"{f.id:012d}"))
+                                   f.relevant, f"{f.id:012d}", f.page_text))
         return out
     finally:
         store.close()
@@ -65,7 +65,7 @@ def verdicts_from_records(records: Sequence[TrainingRecord], tenant: str = DEFAU
     export (GET /v1/feedback/export) names each document by its id within the
     tenant that exported it, which the file does not say: ``tenant``."""
     return [Verdict(r.question, r.answer, internal_id(tenant, r.doc_id), int(r.page), bool(r.relevance),
-                    f"{i:012d}")
+                    f"{i:012d}", r.page_text or None)
             for i, r in enumerate(records) if r.page is not None and r.doc_id]
 
 
@@ -83,18 +83,32 @@ def missing_documents_message(library, tenant: str, missing: Sequence[str], sour
 
 def indexed_verdicts(engine: "Engine", verdicts: Sequence[Verdict], log: Callable[[str], None] = print
                      ) -> list[Verdict]:
-    """The verdicts on documents still in the index. Those on others (deleted since; the
-    store's feedback on a document a delete raced past) are skipped with one warning
-    line: they named a document the round cannot search, and failed it for good."""
+    """The verdicts on pages still in the index as the analyst saw them. Those on other
+    documents (deleted since; the store's feedback on a document a delete raced past), or
+    on a page whose text is no longer the one judged (the document uploaded again under
+    its id, another file), are skipped with one warning line each: the round would pair
+    the verdict with a page the analyst never saw, to train and to judge on."""
     missing = set(engine.missing_documents(sorted({v.doc_id for v in verdicts})))
-    if not missing:
-        return list(verdicts)
     kept = [v for v in verdicts if v.doc_id not in missing]
-    names = sorted(missing)
-    shown = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
-    log(f"warning: skipped {len(verdicts) - len(kept)} verdict(s) on {len(names)} document(s) no longer in the "
-        f"index: {shown}")
+    if missing:
+        log(f"warning: skipped {len(verdicts) - len(kept)} verdict(s) on {len(missing)} document(s) no longer in "
+            f"the index: {_shown(sorted(missing))}")
+    changed: dict[tuple[str, int], bool] = {}
+    for v in kept:
+        if v.page_text is not None and (v.doc_id, v.page) not in changed:
+            page = engine.backend.get_page(v.doc_id, v.page)
+            changed[(v.doc_id, v.page)] = page is None or page.text != v.page_text
+    stale = [v for v in kept if v.page_text is not None and changed[(v.doc_id, v.page)]]
+    if stale:
+        docs = sorted({split_internal_id(v.doc_id)[1] for v in stale})
+        log(f"warning: skipped {len(stale)} verdict(s) on pages whose text changed since they were judged (uploaded "
+            f"again with other content: {_shown(docs)}); validate those documents again to judge their pages")
+        kept = [v for v in kept if not (v.page_text is not None and changed[(v.doc_id, v.page)])]
     return kept
+
+
+def _shown(names: Sequence[str]) -> str:
+    return ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
 
 
 def run_retrain(engine: "Engine", verdicts: Sequence[Verdict], base_data: Path | None,
@@ -107,7 +121,8 @@ def run_retrain(engine: "Engine", verdicts: Sequence[Verdict], base_data: Path |
     settings = engine.settings
     verdicts = indexed_verdicts(engine, verdicts, log)
     if not verdicts:
-        raise TrainingError("no feedback on documents still in the index to learn from")
+        raise TrainingError("no verdicts left to learn from: every one is on a document no longer in the index or "
+                            "on a page changed since it was judged")
     in_use = ModelMetadata.read(resolve_model_dir(settings))
     kind = options.kind or in_use.extra.get("kind", "lora")
     base_records = read_records(base_data) if base_data else []

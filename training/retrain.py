@@ -54,6 +54,9 @@ class Verdict:
     page: int
     relevant: bool
     created: str = ""  # ISO time; orders verdicts for the tie rule
+    # the page's text when the analyst judged it (the store and its export keep it): a
+    # document uploaded again under its id holds another file's page there
+    page_text: str | None = None
 
 
 def resolve_verdicts(verdicts: Iterable[Verdict]) -> dict[tuple[str, str, str, int], bool]:

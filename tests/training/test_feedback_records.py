@@ -104,7 +104,7 @@ def test_a_round_skips_verdicts_on_documents_gone_from_the_index(tmp_path, monke
                         "acme:race1"]
     from evidentia.training.train import TrainingError
 
-    with pytest.raises(TrainingError, match="no feedback on documents still in the index"):
+    with pytest.raises(TrainingError, match="no verdicts left to learn from"):
         lifecycle.run_retrain(engine, verdicts[1:], None, log=logged.append)
 
 

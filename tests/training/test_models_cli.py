@@ -25,9 +25,12 @@ def exported(cli_env, tmp_path):
     pdf = write_sample_report(tmp_path / "amcor-q4.pdf")
     assert invoke("index", "--tenant", "acme", pdf).exit_code == 0
     path = tmp_path / "feedback-acme.jsonl"
-    rows = [{"question": "What were the emissions?", "answer": "12,450 t", "page_text": text, "relevance": relevance,
-             "doc_id": "amcor-q4", "page": page, "source": "feedback"}
-            for page, relevance, text in ((2, 1, "Greenhouse gas emissions"), (1, 0, "Acme report"))]
+    # the page as the analyst saw it, as the export keeps it (a changed page is not learnt from)
+    text = {page: json.loads(invoke("page", "--tenant", "acme", "amcor-q4", page, "--json").stdout)["text"]
+            for page in (1, 2)}
+    rows = [{"question": "What were the emissions?", "answer": "12,450 t", "page_text": text[page],
+             "relevance": relevance, "doc_id": "amcor-q4", "page": page, "source": "feedback"}
+            for page, relevance in ((2, 1), (1, 0))]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
@@ -303,3 +306,19 @@ def test_rollback_recovers_a_registry_looped_by_the_earlier_rule(cli_env, tmp_pa
     state["models"]["v0001"]["promoted"] = state["models"]["v0002"]["promoted"] = True
     path.write_text(json.dumps(state))
     assert invoke("models", "rollback").stdout.strip() == "back to the default model"
+
+
+def test_retrain_skips_verdicts_on_a_document_uploaded_again_with_other_content(exported, tmp_path):
+    """The round paired old verdicts with the new file's pages under the same id, to train
+    and to judge on; the export kept the old text."""
+    from evidentia.samples import write_pdf
+
+    (tmp_path / "swap").mkdir()
+    other = write_pdf(tmp_path / "swap" / "amcor-q4.pdf", ["Board meeting minutes.", "Dividend policy for 2024."])
+    assert invoke("index", "--tenant", "acme", other).exit_code == 0
+    result = invoke("retrain", "--feedback", exported, "--tenant", "acme", "--kind", "features")
+    assert result.exit_code == 1
+    assert ("warning: skipped 2 verdict(s) on pages whose text changed since they were judged (uploaded again with "
+            "other content: amcor-q4)") in result.stderr
+    assert error_lines(result.stderr) == ["error: no verdicts left to learn from: every one is on a document no "
+                                          "longer in the index or on a page changed since it was judged"]
