@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
-from evidentia.reranker.classifier_model import METADATA_FILE, SHIPPED_MODEL_DIR, ModelMetadata
+from evidentia.reranker.classifier_model import METADATA_FILE, SHIPPED_MODEL_DIR, ModelLoadError, ModelMetadata
 
 # The layout is defined here, once: `evidentia train`/`retrain` write through
 # ModelRegistry, the classifier reranker reads the production pointer.
@@ -36,8 +36,12 @@ def production_model_dir(data_dir: Path) -> Path | None:
     root = Path(data_dir) / MODELS_SUBDIR
     try:
         state = json.loads((root / REGISTRY_FILE).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+    except FileNotFoundError:
         return None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        # not the default model in silence: searches would use another model than the one promoted
+        raise ModelLoadError(f"the model registry {root / REGISTRY_FILE} is unreadable ({exc}); restore it from a "
+                             "backup, or move it away to use the default model") from None
     version = state.get("production")
     return root / version if version else None
 
@@ -101,8 +105,9 @@ class ModelRegistry:
             return json.loads((self.root / REGISTRY_FILE).read_text())
         except FileNotFoundError:
             return {"production": None, "models": {}, "events": []}
-        except json.JSONDecodeError as exc:
-            raise RegistryError(f"{self.root / REGISTRY_FILE} is unreadable ({exc}); restore it from a backup") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise RegistryError(f"{self.root / REGISTRY_FILE} is unreadable ({exc}); restore it from a "
+                                "backup") from None
 
     def _write(self, state: dict) -> None:
         tmp = self.root / f".{REGISTRY_FILE}.tmp"

@@ -105,12 +105,15 @@ def models_list(as_json: bool = typer.Option(False, "--json")):
     """Every trained model with its metadata and what it is now (in production, rolled back, replaced,
     never promoted), the gate's reason and production's score on the same held-out queries; the last
     line is the default model (shipped, or EVIDENTIA_CLASSIFIER_MODEL). * marks the model searches use."""
-    from evidentia.console import Context
+    from evidentia.console import EXIT_BAD_INPUT, Context, fail
     from evidentia.reranker.classifier_model import SHIPPED_MODEL_DIR
-    from evidentia.reranker.model_registry import registry_for
+    from evidentia.reranker.model_registry import RegistryError, registry_for
 
     ctx = Context()
-    entries = registry_for(ctx.settings.data_dir).entries()
+    try:
+        entries = registry_for(ctx.settings.data_dir).entries()
+    except RegistryError as exc:
+        raise fail(str(exc), EXIT_BAD_INPUT)
     if as_json:
         typer.echo(json.dumps([{**e.__dict__, "path": str(e.path)} for e in entries], indent=2))
         return

@@ -322,3 +322,25 @@ def test_retrain_skips_verdicts_on_a_document_uploaded_again_with_other_content(
             "other content: amcor-q4)") in result.stderr
     assert error_lines(result.stderr) == ["error: no verdicts left to learn from: every one is on a document no "
                                           "longer in the index or on a page changed since it was judged"]
+
+
+def test_an_unreadable_registry_is_said_not_replaced_by_the_default_model(cli_env, tmp_path):
+    """Searches used the shipped model in silence (exit 0) although a version was promoted, and
+    `models list` printed a traceback."""
+    import shutil
+
+    from evidentia.reranker.classifier_model import SHIPPED_MODEL_DIR
+    from evidentia.reranker.model_registry import registry_for
+
+    pdf = write_sample_report(tmp_path / "acme.pdf")
+    assert invoke("index", pdf).exit_code == 0
+    registry = registry_for(cli_env)
+    registry.register(shutil.copytree(SHIPPED_MODEL_DIR, tmp_path / "candidate"))
+    assert invoke("models", "promote", "v0001").exit_code == 0
+    (registry.root / "registry.json").write_text('{"broken')
+    search = invoke("search", "--doc", "acme", "-q", "Scope 1 emissions?", "--reranker", "classifier", "--json")
+    assert search.exit_code != 0 and "Traceback" not in search.output
+    assert "the model registry" in search.stderr and "is unreadable" in search.stderr
+    listed = invoke("models", "list")
+    assert listed.exit_code == 1 and "Traceback" not in listed.output
+    assert error_lines(listed.stderr)[0].endswith("restore it from a backup")
