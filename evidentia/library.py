@@ -153,11 +153,17 @@ class Library:
         for d in self.documents():
             if d.tenant != tenant and d.document_id in wanted:
                 owners.setdefault(d.document_id, []).append(d.tenant)
-        parts = []
+        # one clause per tenant (or set of tenants): twelve documents of one tenant said
+        # "X is in tenant default: add --tenant default" twelve times
+        by_owners: dict[tuple[str, ...], list[str]] = {}
         for document_id in (d for d in dict.fromkeys(document_ids) if d in owners):
-            found = owners[document_id]
-            parts.append(f"{document_id} is in tenant {found[0]}: add --tenant {found[0]}" if len(found) == 1 else
-                         f"{document_id} is in tenants {', '.join(found)}: add --tenant with one of them")
+            by_owners.setdefault(tuple(owners[document_id]), []).append(document_id)
+        parts = []
+        for found, ids in by_owners.items():
+            named = ", ".join(ids[:10]) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
+            verb = "is" if len(ids) == 1 else "are"
+            parts.append(f"{named} {verb} in tenant {found[0]}: add --tenant {found[0]}" if len(found) == 1 else
+                         f"{named} {verb} in tenants {', '.join(found)}: add --tenant with one of them")
         return ("; ".join(parts) or None), [d for d in document_ids if d in owners]
 
     def why_unsearchable(self, tenant: str | None, document_id: str) -> str | None:

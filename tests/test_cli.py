@@ -508,6 +508,9 @@ def test_a_document_of_another_tenant_is_named_with_the_tenant_to_give(cli, cli_
                                         "id(s): nope; `evidentia docs` lists the indexed ones"]
     failed_elsewhere = cli("search", "--doc", "broken", "-q", "net sales")
     assert error_lines(failed_elsewhere.stderr) == ["error: broken is in tenant acme: add --tenant acme"]
+    # several documents of one tenant: one clause, not one each
+    several = cli("search", "--doc", "amcor-q4", "--doc", "broken", "-q", "net sales")
+    assert error_lines(several.stderr) == ["error: amcor-q4, broken are in tenant acme: add --tenant acme"]
     delete = cli("delete", "amcor-q4")
     assert delete.exit_code == 1
     assert error_lines(delete.stderr) == ["error: amcor-q4 is in tenant acme: add --tenant acme"]

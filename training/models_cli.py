@@ -125,12 +125,13 @@ def models_list(as_json: bool = typer.Option(False, "--json")):
     for e in entries:
         held = e.metrics.get("held_out") or {}
         typer.echo(f"{'*' if e.production and not override else ' '} {e.version}  {e.created}  "
-                   f"base={e.base_model}  data={e.data_sha256[:12]}  P@3={held.get('P@3')}  ECE={held.get('ECE')}  "
+                   f"base={e.base_model}  data={e.data_sha256[:12]}  P@1={held.get('P@1')}  P@3={held.get('P@3')}  "
+                   f"ECE={held.get('ECE')}  "
                    f"{e.status}")  # `promoted` stays true after a rollback: the registry's history says more
         then = e.metrics.get("production_on_same_split") or {}
         if then:
             typer.echo(f"      production then, on the same {then.get('queries')} held-out queries: "
-                       f"P@3={then.get('P@3')}  ECE={then.get('ECE')}")
+                       f"P@1={then.get('P@1')}  P@3={then.get('P@3')}  ECE={then.get('ECE')}")
         if e.note:
             typer.echo(f"      gate: {e.note}")
     if override:

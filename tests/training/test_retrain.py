@@ -42,6 +42,11 @@ def test_gate_does_not_promote_on_too_few_held_out_queries():
     assert gate(better, production).promote  # no minimum asked for
     decision = gate(better, production, min_queries=10)
     assert not decision.promote
-    assert decision.reason.startswith("only 2 held-out feedback queries to judge it (P@3 0.333 -> 0.667); "
-                                      "promotion needs 10 (EVIDENTIA_RETRAIN_MIN_HELDOUT_QUERIES)")
+    assert decision.reason.startswith("only 2 held-out feedback queries to judge it (P@3 0.333 -> 0.667, higher on "
+                                      "them); promotion needs 10 (EVIDENTIA_RETRAIN_MIN_HELDOUT_QUERIES)")
+    # a candidate lower on the few queries seen is said to be (the message then invites a promotion by hand)
+    worse = gate(production, better, min_queries=10)
+    assert not worse.promote and "(P@3 0.667 -> 0.333, lower on them)" in worse.reason
+    promoted = gate(ModelScore(0.667, 1.0, 0.01834, 10), ModelScore(0.333, 1.0, 0.0184, 10))
+    assert promoted.reason == "P@3 0.333 -> 0.667, ECE 0.018 -> 0.018: candidate promoted"
     assert gate(ModelScore(0.667, 1.0, 0.1, 10), ModelScore(0.333, 1.0, 0.1, 10), min_queries=10).promote
