@@ -10,6 +10,8 @@ the snippet's rule: numbers exactly, words by their first six characters (so
 
 from __future__ import annotations
 
+import unicodedata
+
 from evidentia.text import normalise_numbers, tokens
 
 MAX_HIGHLIGHT_CHARS = 500
@@ -35,13 +37,18 @@ def highlight_terms(raw: str | None) -> list[str]:
     return list(seen)
 
 
+def _folded(word: str) -> str:
+    """Accents off (the web page's keywords.js does the same): "ecart" marks "écart"."""
+    return "".join(c for c in unicodedata.normalize("NFD", word) if not unicodedata.combining(c))
+
+
 def _matcher(terms: list[str]):
     numbers = {t for t in terms if t[:1].isdigit()}
-    stems = {t[:STEM] for t in terms if not t[:1].isdigit()}
+    stems = {_folded(t)[:STEM] for t in terms if not t[:1].isdigit()}
 
     def matches(word: str) -> bool:
         for tok in tokens(normalise_numbers(word)):
-            if (tok in numbers) if tok[:1].isdigit() else (tok[:STEM] in stems):
+            if (tok in numbers) if tok[:1].isdigit() else (_folded(tok)[:STEM] in stems):
                 return True
         return False
 

@@ -184,6 +184,12 @@ def _unknown_documents_message(library, tenant: str, unknown: list[str]) -> str:
     rest = [d for d in unknown if not why[d] and d not in covered]
     if rest:
         parts.append(f"{UnknownDocumentError(rest)}; `evidentia docs` lists the indexed ones")
+        # a file's name typed for its id ("Rapport durabilité 2023.pdf"): name the id it has
+        from evidentia.store import document_id_for
+
+        held = {d.document_id for d in library.documents() if d.tenant == tenant}
+        parts += [f"{d!r} is a file's name: its document id is {document_id_for(d)}"
+                  for d in rest if document_id_for(d) != d and document_id_for(d) in held]
     return "; ".join(parts)
 
 

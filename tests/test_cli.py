@@ -508,6 +508,10 @@ def test_a_document_of_another_tenant_is_named_with_the_tenant_to_give(cli, cli_
                                         "id(s): nope; `evidentia docs` lists the indexed ones"]
     failed_elsewhere = cli("search", "--doc", "broken", "-q", "net sales")
     assert error_lines(failed_elsewhere.stderr) == ["error: broken is in tenant acme: add --tenant acme"]
+    # a file's name typed for its id: the id it has
+    named = cli("search", "--tenant", "acme", "--doc", "amcor-q4.pdf", "-q", "net sales")
+    assert named.exit_code == 1 and error_lines(named.stderr)[0].endswith(
+        "'amcor-q4.pdf' is a file's name: its document id is amcor-q4")
     # several documents of one tenant: one clause, not one each
     several = cli("search", "--doc", "amcor-q4", "--doc", "broken", "-q", "net sales")
     assert error_lines(several.stderr) == ["error: amcor-q4, broken are in tenant acme: add --tenant acme"]

@@ -256,6 +256,14 @@ function renderDocuments() {
     info.className = "doc-info" + (d.status === "failed" ? " error-text" : " muted");
     info.textContent = documentStatus(d);
     li.append(box, title, badgeFor(d.status), info);
+    // the file's own name where the id hides it (Отчёт_2023.pdf is 2023-9293ec27)
+    const stem = (d.filename || "").replace(/\.pdf$/i, "");
+    if (stem && stem !== d.document_id) {
+      const file = document.createElement("span");
+      file.className = "doc-file muted small";
+      file.textContent = d.filename;
+      li.append(file);
+    }
     items.push(li);
   }
   list.replaceChildren(...items);

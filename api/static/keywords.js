@@ -19,7 +19,10 @@ der die das den dem des ein eine einer eines einem und ist im in zu zur zum mit 
 unsere unser sind war wurde wie was oder nicht auch bei aus
 el lo los las del y en por para con una unos unas es que se su sus al como o fue son
 il lo gli della delle dei di da con per che è sono
-`.trim().split(/\s+/));
+de het een en van op te dat die voor met zijn er aan om ook als bij uit door naar wordt worden over tot hoe
+welke hoeveel onze ons wij
+os as um uma do da dos das em no na nos nas por para com se ao aos são foi como qual quais nosso nossa
+`.trim().split(/\s+/).map((w) => fold(w)));
 
 // A number with separators, or a run of letters/digits.
 const TOKEN_RE = /\d+(?:[.,]\d+)*|[\p{L}\p{N}]+/gu;
@@ -41,8 +44,13 @@ export function canonicalNumber(token) {
   return value;
 }
 
+// Accents off, as the search's analysers take them off: "ecart" typed finds and marks "écart".
+function fold(word) {
+  return word.toLowerCase().normalize("NFD").replace(/\p{M}/gu, "");
+}
+
 function normalise(token) {
-  return /^\d/.test(token) ? canonicalNumber(token) : token.toLowerCase();
+  return /^\d/.test(token) ? canonicalNumber(token) : fold(token);
 }
 
 /** Distinct keywords of `text` (question + answer), first seen first. */

@@ -340,6 +340,9 @@ def test_llm_unavailable_shows_the_bm25_fallback(browser, server, tmp_path):
     fill(driver, "#answer", SAMPLE_ANSWER)
     from selenium.webdriver.support.ui import Select
 
+    # the file's name shown where the id differs from it (an id chosen at upload here)
+    assert by_css(driver, '#doc-list li[data-document-id="llm-doc"] .doc-file').text == "r.pdf"
+    assert not driver.find_elements("css selector", '#doc-list li[data-document-id="acme-2023"] .doc-file')
     Select(by_css(driver, "#reranker")).select_by_value("llm")
     by_css(driver, "#validate-button").click()
     notice = wait(driver, visible("#fallback"), "no fallback notice")
@@ -469,8 +472,12 @@ def test_keywords_module_in_the_browser(browser, server):
           const reflowed = m.reflowed("Sustainability Committee\\nThe Committee assists the Board in overseeing\\n" +
             "the Group's HSEC performance, and the adequacy of its sustain-\\nability framework.\\n" +
             "Scope 1 emissions in 2023 (tCO2e) were 12,450\\nScope 2 emissions\\n• a bullet");
+          const folded = document.createElement('p');
+          const nl = m.keywords("Hoeveel procent van de verpakkingen is recyclebaar? Qual é a percentagem de mulheres?");
+          m.appendHighlighted(folded, "Écart salarial : 4 %", m.keywords("ecart salarial"));
           done({terms, n, html: p.innerHTML, marks: [...p.querySelectorAll('mark')].map((x) => x.textContent),
-                eu: m.canonicalNumber("1.577,00"), bullets: bullets.textContent, reflowed});
+                eu: m.canonicalNumber("1.577,00"), bullets: bullets.textContent, reflowed, nl,
+                folded: [...folded.querySelectorAll('mark')].map((x) => x.textContent)});
         }).catch((e) => done({error: String(e)}));
     """)
     assert "error" not in result, result
@@ -480,6 +487,9 @@ def test_keywords_module_in_the_browser(browser, server):
     assert result["eu"] == "1577"
     # a Symbol font's bullet (private use, a missing-glyph box) shown as a bullet
     assert result["bullets"] == "• A short-term target • and a medium-term one"
+    # Dutch and Portuguese stop words are not marked; a word typed without its accents marks it
+    assert result["nl"] == ["procent", "verpakkingen", "recyclebaar", "percentagem", "mulheres"]
+    assert result["folded"] == ["Écart", "salarial"]
     # the PDF's line ends inside a sentence read as spaces; headings, a row ending in a figure, bullets kept
     assert result["reflowed"].split("\n") == [
         "Sustainability Committee",
@@ -530,6 +540,17 @@ def test_a_figure_with_a_currency_prefix_marks_the_figure_only(tmp_path):
     doc.save(pdf)
     with pymupdf.open(pdf) as doc:
         assert mark_page(doc.load_page(0), highlight_terms("US$100")) == 1  # "US$100", not the other amounts
+
+
+def test_a_word_typed_without_its_accents_marks_it(tmp_path):
+    """Search found "écart" for "ecart" (its analysers fold accents); the marks did not."""
+    pdf = tmp_path / "fr.pdf"
+    doc = pymupdf.open()
+    doc.new_page().insert_text((72, 72), "Écart salarial entre femmes et hommes : 4 %.", fontname="helv")
+    doc.save(pdf)
+    with pymupdf.open(pdf) as doc:
+        assert mark_page(doc.load_page(0), highlight_terms("ecart salarial")) == 2
+        assert mark_page(doc.load_page(0), highlight_terms("écart")) == 1
 
 
 def test_mark_page_marks_matching_words_only(tmp_path):
