@@ -31,6 +31,11 @@ MIN_LETTERS = 40
 # Probes whose best language is less likely than this fall back to the document prior.
 CONFIDENT = 0.80
 
+# A text shorter than MIN_LETTERS (a question asked alone) is read by langdetect only
+# with this many letters and this sure of the answer (short_text_language).
+SHORT_MIN_LETTERS = 15
+SHORT_CONFIDENT = 0.99
+
 # Stop-word vote: at least this many distinctive stop words, and this many times
 # more than the runner-up language.
 VOTE_MIN_HITS = 6
@@ -38,6 +43,7 @@ VOTE_MARGIN = 3.0
 VOTE_CHARS = 1500
 
 _NON_LETTERS = re.compile(r"[^\w\s]|[\d_]+")
+_WORD = re.compile(r"[^\W\d_]{3,}")  # a word of three letters or more
 _WS = re.compile(r"\s+")
 
 
@@ -93,6 +99,29 @@ class LanguageDetector:
             return None, 0.0
         return _short_code(best[0].lang), float(best[0].prob)
 
+    def short_text_language(self, text: str) -> str | None:
+        """The language of a text too short for detect_with_probability (a questionnaire
+        question: "Quelle est la part des femmes ?"), where langdetect is sure of it: at
+        least SHORT_MIN_LETTERS letters, probability SHORT_CONFIDENT, an analysed language,
+        and none of English's own function words for another language. Keyword-style
+        English ("Net zero target") is the risk: langdetect read it as Dutch at 0.99996;
+        it has too few letters here, and a misread one loses only stop words."""
+        sample = _WS.sub(" ", _NON_LETTERS.sub(" ", text)).strip()
+        if sum(ch.isalpha() for ch in sample) < SHORT_MIN_LETTERS:
+            return None
+        detector = self._factory.create()
+        detector.append(sample)
+        try:
+            best = detector.get_probabilities()
+        except LangDetectException:
+            return None
+        if not best or best[0].prob < SHORT_CONFIDENT:
+            return None
+        lang = _short_code(best[0].lang)
+        if lang not in LANGUAGES or (lang != "en" and has_english_function_words(text)):
+            return None
+        return lang
+
     def detect(self, text: str) -> str | None:
         return self.detect_with_probability(text)[0]
 
@@ -109,8 +138,10 @@ class LanguageDetector:
         confident = Counter(lang for lang, prob in guesses if lang and prob >= CONFIDENT)
         prior = confident.most_common(1)[0][0] if confident else None
         out: list[str | None] = []
-        for lang, prob in guesses:
-            if lang is not None and prob < CONFIDENT and prior is not None:
+        for text, (lang, prob) in zip(texts, guesses):
+            # a short page of words ("Femmes : 38 %" on a key-figures page) has no reading of its
+            # own; its document's language stems it, as it stems the document's other pages
+            if prior is not None and (lang is not None and prob < CONFIDENT or lang is None and _WORD.search(text)):
                 lang = prior
             out.append(lang)
         return out
@@ -128,6 +159,19 @@ def _distinctive_stop_words() -> dict[str, str]:
                 shared.add(word)
             owner.setdefault(word, lang)
     return {w: lang for w, lang in owner.items() if w not in shared}
+
+
+# Function words only English writes. Not the English stop list's words that are content
+# words elsewhere ("part", "plus", "site" in French), nor those other analysed languages
+# share ("was", "will", "an" German; "of", "had" Dutch; "for", "by" Danish and Norwegian).
+ENGLISH_FUNCTION_WORDS = frozenset(
+    "the and with from what which who how does did are were have been there would should this that these those "
+    "their our your its any".split())
+
+
+def has_english_function_words(text: str) -> bool:
+    """Whether ``text`` holds a word of ENGLISH_FUNCTION_WORDS ("the", "what", "were")."""
+    return any(tok in ENGLISH_FUNCTION_WORDS for tok in tokens(text))
 
 
 def _short_code(lang: str) -> str:

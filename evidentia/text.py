@@ -70,13 +70,24 @@ _SEPARATED_NUMBER = re.compile(r"(?<![\d.,])\d+(?:[.,]\d+)+(?![\d])")
 _US_GROUPED = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 _EU_GROUPED = re.compile(r"\d{1,3}(?:\.\d{3})+(?:,\d+)?")
 _SIMPLE_DECIMAL = re.compile(r"\d+[.,]\d+")
+# Digits grouped by plain spaces ("12 450", "1 577,5"): French, and continental tables
+# once NFKC or the PDF has made a no-break space plain. Read so in those languages only:
+# in English text "Scope 1 450" is more likely two numbers.
+_SPACE_GROUPED = re.compile(r"(?<![\d.,])\d{1,3}(?: \d{3})+(?![\d]|[.,]\d{3})")
+
+# Languages that write forty-eight thousand three hundred "48.300" (or "48 300"), where
+# English reads 48.3: every analysed language but English. German, Spanish, Italian,
+# Dutch and Portuguese reports put a dot between thousands; one group alone ("48.300
+# Tonnen") read as 48.3 never met an answer's "48,300".
+CONTINENTAL = frozenset(LANGUAGES) - {"en"}
 
 
-def canonical_number(token: str) -> str:
-    """One number with separators -> its canonical form (see above)."""
+def canonical_number(token: str, continental: bool = False) -> str:
+    """One number with separators -> its canonical form (see above); ``continental``:
+    the text is in a CONTINENTAL language, where "48.300" is 48300."""
     if _US_GROUPED.fullmatch(token):
         value = token.replace(",", "")
-    elif _EU_GROUPED.fullmatch(token) and (token.count(".") >= 2 or "," in token):
+    elif _EU_GROUPED.fullmatch(token) and (token.count(".") >= 2 or "," in token or continental):
         value = token.replace(".", "").replace(",", ".")
     elif _SIMPLE_DECIMAL.fullmatch(token):
         # "1,577" is a thousands group (three digits after one comma); "12,5" a decimal comma
@@ -89,13 +100,18 @@ def canonical_number(token: str) -> str:
     return value
 
 
-def normalise_numbers(text: str) -> str:
-    return _SEPARATED_NUMBER.sub(lambda m: canonical_number(m.group(0)), text)
+def normalise_numbers(text: str, continental: bool = False) -> str:
+    """Numbers with separators in their canonical form; ``continental`` (the text is in a
+    CONTINENTAL language): "48.300" and "12 450" are thousands, 48300 and 12450."""
+    if continental and " " in text:
+        text = _SPACE_GROUPED.sub(lambda m: m.group(0).replace(" ", ""), text)
+    return _SEPARATED_NUMBER.sub(lambda m: canonical_number(m.group(0), continental), text)
 
 
-def search_text(clean: str) -> str:
-    """The form of a page's text that goes into the BM25 index."""
-    return normalise_numbers(clean)
+def search_text(clean: str, language: str | None = None) -> str:
+    """The form of a page's text that goes into the BM25 index, its figures read as its
+    ``language`` writes them."""
+    return normalise_numbers(clean, language in CONTINENTAL)
 
 
 def tokens(text: str) -> list[str]:
@@ -117,15 +133,16 @@ def stop_words(language: str) -> frozenset[str]:
         return frozenset()
 
 
-def keywords(text: str, language: str | None) -> list[str]:
+def keywords(text: str, language: str | None, english_stops: bool = True, continental: bool = False) -> list[str]:
     """Distinct non-stop-word tokens of ``text`` in first-seen order.
 
-    English stop words are always removed as well: questions are often English
-    even when the answer or the documents are not.
+    English stop words are removed as well (``english_stops``): questions are often
+    English even when the answer or the documents are not. ``continental``: figures
+    read as a CONTINENTAL language writes them (normalise_numbers).
     """
-    stops = stop_words("en") | (stop_words(language) if language else frozenset())
+    stops = (stop_words("en") if english_stops else frozenset()) | (stop_words(language) if language else frozenset())
     seen: dict[str, None] = {}
-    for tok in tokens(normalise_numbers(text)):
+    for tok in tokens(normalise_numbers(text, continental)):
         if tok in stops or (len(tok) == 1 and not tok.isdigit()):
             continue
         seen.setdefault(tok, None)

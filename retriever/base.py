@@ -69,7 +69,7 @@ def search_fields(page: Page) -> dict[str, str]:
     one, and its language's where that language is analysed (text.LANGUAGES)."""
     if not page.text:
         return {}
-    normalised = search_text(page.text)
+    normalised = search_text(page.text, page.language)
     fields = {NEUTRAL_FIELD: normalised}
     if page.language in LANGUAGES:
         fields[lang_field(page.language)] = normalised

@@ -619,7 +619,8 @@ class ElasticsearchBackend(SearchBackend):
             text = src.get("text", "")
             results.append(Candidate(
                 doc_id=src["doc_id"], page=src["page"], score=float(hit["_score"]), text=text,
-                language=src.get("language") or None, snippet=make_snippet(text, keywords),
+                language=src.get("language") or None,
+                snippet=make_snippet(text, keywords, language=src.get("language") or None),
             ))
         results.sort(key=lambda c: (-c.score, c.doc_id, c.page))
         return results

@@ -55,7 +55,8 @@ class DenseRetriever(FirstStage):
             timings["embed_query"] = (time.perf_counter() - t0) * 1000
         found = self.backend.search_dense(vector, doc_ids, top_k, model=self.embedder.name)
         # dense hits carry no keyword snippet: make one, so every stage shows the same kind
-        return [replace(c, snippet=c.snippet or make_snippet(c.text, query.keywords)) for c in found]
+        return [replace(c, snippet=c.snippet or make_snippet(c.text, query.keywords, language=c.language))
+                for c in found]
 
 
 class HybridRetriever(FirstStage):

@@ -358,7 +358,7 @@ class TantivyBackend(SearchBackend):
             page = self._to_page(searcher.doc(address))
             results.append(Candidate(
                 doc_id=page.doc_id, page=page.page, score=float(score), text=page.text,
-                language=page.language, snippet=make_snippet(page.text, keywords),
+                language=page.language, snippet=make_snippet(page.text, keywords, language=page.language),
             ))
         # tantivy breaks score ties by segment order; make ties reproducible
         results.sort(key=lambda c: (-c.score, c.doc_id, c.page))

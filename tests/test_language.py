@@ -71,6 +71,28 @@ def test_prior_does_not_fill_empty_pages(detector, language_pages):
     assert detector.detect_pages([language_pages["fr"], "", "12"]) == ["fr", None, None]
 
 
+def test_a_short_page_of_words_takes_the_document_s_language(detector, language_pages):
+    """A key-figures page ("Femmes : 38 %") had no language: French stemming never saw it, and
+    "femme" did not find it."""
+    texts = [language_pages["fr"], "Femmes : 38 %\nCadres : 41 %", language_pages["fr"]]
+    assert detector.detect_pages(texts) == ["fr", "fr", "fr"]
+
+
+@pytest.mark.parametrize("text, language", [
+    ("Quelle est la part des femmes ?", "fr"), ("Wie hoch sind die Scope-1-Emissionen?", "de"),
+    ("¿Cuál es el consumo de agua?", "es"), ("Qual é a percentagem de mulheres?", "pt"),
+    ("Quanta energia è rinnovabile?", "it"),
+])
+def test_a_short_question_s_language(detector, text, language):
+    assert detector.detect_with_probability(text, full=True)[0] is None  # too short for the usual reading
+    assert detector.short_text_language(text) == language
+
+
+@pytest.mark.parametrize("text", ["Net zero target?", "Waste", "Part of the women in management?"])
+def test_no_short_language_for_keywords_or_with_english_function_words(detector, text):
+    assert detector.short_text_language(text) in (None, "en")
+
+
 @pytest.mark.parametrize("probe_chars", [50, 120, 400])
 def test_probe_length_is_bounded(language_pages, probe_chars):
     det = LanguageDetector(probe_chars=probe_chars)

@@ -152,6 +152,29 @@ def test_keywords_drop_detected_language_stop_words():
     assert {"les", "du", "quelles"} <= set(neutral)
 
 
+@pytest.mark.parametrize("text, language, token", [
+    ("Die direkten Emissionen betrugen 48.300 Tonnen CO2e.", "de", "48300"),
+    ("Consumo de agua: 845.000 m3 en 2023.", "es", "845000"),
+    ("Émissions totales : 12 450 tCO2e, soit 1 577,5 t par site.", "fr", "12450"),
+    ("Émissions totales : 12 450 tCO2e, soit 1 577,5 t par site.", "fr", "1577.5"),
+    ("Die direkten Emissionen betrugen 48.300 Tonnen CO2e.", "en", "48.3"),  # English reads a decimal
+])
+def test_a_page_s_figures_are_read_as_its_language_writes_them(text, language, token):
+    """German, Spanish, Italian, Dutch and Portuguese write 48,300 as "48.300", French as "12 450":
+    read as 48.3 and as 12 and 450, they never met an answer's 48,300 or 12,450."""
+    assert token in search_text(text, language).split() or token in tokens(search_text(text, language))
+
+
+def test_spaced_digit_groups_stay_apart_in_english_and_in_years():
+    assert tokens(search_text("Scope 1 450 t in 2022 2023", "en")) == ["scope", "1", "450", "t", "in", "2022", "2023"]
+    assert tokens(search_text("En 2022 2023 : 12 450 t", "fr")) == ["en", "2022", "2023", "12450", "t"]
+
+
+def test_keywords_keep_english_stop_words_that_are_words_elsewhere_when_asked():
+    assert keywords("Quelle est la part des femmes ?", "fr", english_stops=False) == ["part", "femmes"]
+    assert keywords("Quelle est la part des femmes ?", "fr") == ["femmes"]  # "part" is an English stop word
+
+
 def test_keywords_always_drop_english_stop_words():
     kw = keywords("What was der Anteil erneuerbarer Energien in the year?", "de")
     assert kw == ["anteil", "erneuerbarer", "energien"]
@@ -192,6 +215,28 @@ def test_build_query_french_removes_french_stop_words(detector):
                     "87 % des fournisseurs", detector)
     assert q.language == "fr"
     assert q.keywords == ("proportion", "fournisseurs", "auditée", "droits", "humains", "2023", "87")
+
+
+def test_build_query_reads_a_short_question_s_language(detector):
+    """Too short for langdetect's usual reading (40 letters): no language, so French function
+    words stayed and the English stop list took "part" (share) away."""
+    q = build_query("Quelle est la part des femmes ?", "38 %", detector)
+    assert q.language == "fr" and q.keywords == ("part", "femmes", "38")
+    assert build_query("Wie hoch sind die Scope-1-Emissionen?", "", detector).language == "de"
+    # keyword-style English is not given another language (langdetect said Dutch, sure of it)
+    assert build_query("Net zero target?", "", detector).language is None
+    assert build_query("What is the share of women?", "38 %", detector).language == "en"
+
+
+def test_build_query_searches_a_figure_both_ways_outside_english(detector):
+    """A page is indexed in its language's reading ("48.300" is 48300 in German); an answer
+    whose language is unknown or not English is searched in both readings."""
+    q = build_query("Scope 1?", "48.300 t CO2e", detector)
+    assert q.language is None and {"48.3", "48300"} <= set(q.keywords)
+    french = build_query("Quelles sont les émissions totales du groupe ?", "12 450 tCO2e", detector)
+    assert french.language == "fr" and {"12", "450", "12450"} <= set(french.keywords)
+    english = build_query("What were the group's total emissions in 2023?", "48.300 t", detector)
+    assert english.language == "en" and "48300" not in english.keywords  # English: a decimal, as before
 
 
 def test_build_query_without_detector_or_answer():

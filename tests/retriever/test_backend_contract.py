@@ -154,6 +154,13 @@ def test_numbers_are_normalised_end_to_end(backend, text, lang, answer):
     assert hits(backend.search(kws, ["n"], 5)) == [("n", 1)]
 
 
+def test_a_continental_figure_meets_its_english_writing(backend):
+    """"48.300 Tonnen" on a German page was indexed as 48.3: an answer of "48,300 t" never found it."""
+    backend.index_document(doc("g", page("g", 1, "Die direkten Emissionen betrugen 48.300 Tonnen CO2e.", language="de"),
+                               page("g", 2, "Der Vorstand tagte viermal.", language="de")))
+    assert hits(backend.search(keywords("48,300 t", "en"), ["g"], 5)) == [("g", 1)]
+
+
 # --- writing ----------------------------------------------------------------------
 def test_reindexing_replaces_the_document(backend):
     backend.index_document(doc("a", page("a", 1, "legacy boilers"), page("a", 2, "legacy pumps"),
