@@ -71,11 +71,11 @@ def test_prior_does_not_fill_empty_pages(detector, language_pages):
     assert detector.detect_pages([language_pages["fr"], "", "12"]) == ["fr", None, None]
 
 
-def test_a_short_page_of_words_takes_the_document_s_language(detector, language_pages):
-    """A key-figures page ("Femmes : 38 %") had no language: French stemming never saw it, and
-    "femme" did not find it."""
+def test_a_short_page_of_words_keeps_no_language(detector, language_pages):
+    """Given its document's, a title page matched in the stemmed field as well and came first
+    (hybrid's P@1 on the printed climate reports 0.843 -> 0.745): it stays without one."""
     texts = [language_pages["fr"], "Femmes : 38 %\nCadres : 41 %", language_pages["fr"]]
-    assert detector.detect_pages(texts) == ["fr", "fr", "fr"]
+    assert detector.detect_pages(texts) == ["fr", None, "fr"]
 
 
 @pytest.mark.parametrize("text, language", [
