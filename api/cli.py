@@ -29,6 +29,7 @@ def serve_command(
     import uvicorn
 
     from evidentia.api.app import create_app
+    from evidentia.config import ConfigError
 
     from evidentia.console import fail
 
@@ -43,6 +44,10 @@ def serve_command(
     settings = _settings()
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(settings)
+    try:  # probes Tesseract now: a bad EVIDENTIA_OCR_LANGUAGES stops here, in one line, not in the app's startup
+        app.state.services.engine.ocr  # noqa: B018
+    except ConfigError as exc:
+        raise fail(str(exc))
     # One process: the store, the indexing worker and the cached models are per
     # process (and tantivy allows one writer); scale with threads, not workers.
     uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=10, **server_limits(settings))

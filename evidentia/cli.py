@@ -54,6 +54,8 @@ def _index(ctx: Context, paths: list[Path], tenant: Optional[str] = None, kept: 
     files, _ = find_pdfs(paths)
     # an upload that failed or is still queued was not indexed: indexing it replaces nothing
     before = {d.document_id for d in library.documents(tenant) if d.status == "ready"} if files else set()
+    if files:
+        ctx.ocr  # noqa: B018 (probes Tesseract: a bad EVIDENTIA_OCR_LANGUAGES fails before any work)
     if ctx.engine.indexing_embedder is not None and files:
         typer.echo(f"loading the embedding model ({ctx.settings.dense_model})…", err=True)
         try:

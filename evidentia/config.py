@@ -171,7 +171,8 @@ class Settings:
                        "the text layer)", parse=choice(*OCR_MODES, aliases={
                            "1": "on", "true": "on", "yes": "on", "0": "off", "false": "off", "no": "off"}))
     ocr_languages: str = setting("eng+fra+deu+spa+ita+por+nld", "Tesseract languages for a page whose language is "
-                                 "not known yet (see Scanned pages)", parse=tesseract_languages)
+                                 "not known yet (see Scanned pages), by Tesseract's names (`fra`, not `fr`): a name "
+                                 "it does not know is an error, one not installed a warning", parse=tesseract_languages)
     ocr_dpi: int = setting(300, "resolution a page is rendered at for OCR (72-600)", parse=dpi)
     ocr_timeout_s: float = setting(60.0, "OCR time limit per page; a page over it stays unread",
                                    parse=positive_float)

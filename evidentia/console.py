@@ -95,6 +95,13 @@ class Context:
         except ConfigError as exc:
             raise fail(str(exc))
 
+    @property
+    def ocr(self):
+        try:
+            return self.engine.ocr
+        except ConfigError as exc:
+            raise fail(str(exc))
+
     def config(self, flags: dict[str, str] | None = None, **options) -> RunConfig:
         """Engine.config, with each problem named by the command's flag."""
         try:
@@ -152,6 +159,8 @@ class Context:
         library = Library(self.engine)
         try:
             summary = library.index_missing(doc_ids, folder)
+        except ConfigError as exc:  # a bad EVIDENTIA_OCR_LANGUAGES, said when a document is to be indexed
+            raise fail(str(exc))
         finally:
             library.close()
         if summary is not None:

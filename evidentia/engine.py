@@ -218,15 +218,23 @@ class Engine:
     @property
     def ocr(self) -> "OcrEngine":
         """OCR of scanned pages while indexing (EVIDENTIA_OCR*): Tesseract is probed
-        once; where it is missing, scanned pages are indexed unread and counted."""
+        once; where it is missing, scanned pages are indexed unread and counted.
+        ConfigError where EVIDENTIA_OCR_LANGUAGES names no Tesseract language; a
+        language whose pack is not installed is a warning."""
         if self._ocr is None:
             from evidentia.indexer.ocr import OcrEngine
 
             with self._lock:
                 if self._ocr is None:
-                    self._ocr = OcrEngine.from_settings(self.settings)
-                    if self.settings.ocr != "off" and not self._ocr.available:
-                        log.warning("OCR unavailable, scanned pages will be indexed unread: %s", self._ocr.problem)
+                    ocr = OcrEngine.from_settings(self.settings)
+                    error, warning = ocr.language_problems()
+                    if error:  # not kept: each use says it again
+                        raise ConfigError(error)
+                    if warning:
+                        log.warning("%s", warning)
+                    if self.settings.ocr != "off" and not ocr.available:
+                        log.warning("OCR unavailable, scanned pages will be indexed unread: %s", ocr.problem)
+                    self._ocr = ocr
         return self._ocr
 
     @property

@@ -167,12 +167,25 @@ def index_paths(
     indexed_from: dict[str, Path] = {}
 
     def extract(path: Path, doc_id: str) -> Document:
-        if limits is None:
-            return extract_pages(Path(path), doc_id, detector, ocr=ocr, on_ocr_page=on_ocr_page,
-                                 on_ocr_backlog=on_ocr_backlog)
-        # the same extraction, OCR included, in a bounded child process
-        return extract_bounded(Path(path), doc_id, detector.probe_chars, limits, {"ocr": ocr},
-                               on_ocr_page=on_ocr_page, on_ocr_backlog=on_ocr_backlog)
+        last: list[OcrBacklog] = []  # the document's latest backlog
+
+        def backlog(report: OcrBacklog) -> None:
+            last[:] = [report]
+            on_ocr_backlog(report)
+
+        reported = backlog if on_ocr_backlog is not None else None
+        try:
+            if limits is None:
+                return extract_pages(Path(path), doc_id, detector, ocr=ocr, on_ocr_page=on_ocr_page,
+                                     on_ocr_backlog=reported)
+            # the same extraction, OCR included, in a bounded child process
+            return extract_bounded(Path(path), doc_id, detector.probe_chars, limits, {"ocr": ocr},
+                                   on_ocr_page=on_ocr_page, on_ocr_backlog=reported)
+        finally:
+            # a document that failed while OCR read it (a cap, a time limit) has nothing
+            # left to read: its count must not stay on the progress of the next ones
+            if last and last[0].left:
+                on_ocr_backlog(OcrBacklog(last[0].pages, 0))
 
 
     def extracted():

@@ -16,10 +16,12 @@ unchanged. ``OcrEngine`` is a frozen, picklable description of the Tesseract
 install (probed once by the entry point with ``OcrEngine.probe``).
 
 ``read_page`` is two steps, which indexer/pdf.py uses apart to read several
-pages at once: ``prepare_page`` (the decision, and the render: PyMuPDF, in the
-calling thread) and ``read_rendered`` (Tesseract's reading of that render, run
-by a ``TesseractPool``: up to ``OcrEngine.parallel`` processes at once, started
-and collected by the calling thread).
+pages at once: ``prepare_page`` (the decision, ``decide_page``, and the render,
+``render_page``: PyMuPDF, in the calling thread) and ``read_rendered``
+(Tesseract's reading of that render, run by a ``TesseractPool``: up to
+``OcrEngine.parallel`` processes at once, started and collected by the calling
+thread). indexer/pdf.py decides for every page before it renders any, so that its
+OCR backlog counts only the pages Tesseract will read.
 
 Page sources (``Page.text_source``):
 
@@ -58,6 +60,17 @@ TESSERACT_LANGUAGES = {
     "sv": "swe", "da": "dan", "no": "nor", "fi": "fin",
 }
 DEFAULT_LANGUAGES = "eng+fra+deu+spa+ita+por+nld"
+# Tesseract's language models, as Debian and Ubuntu package them (tesseract-ocr-<name>,
+# "_" written "-"): a name of EVIDENTIA_OCR_LANGUAGES is one of these or a model installed
+# here (one trained in-house has a name of its own); anything else (an ISO code such as
+# "fr", a typo) was silently dropped, and the pages read in English.
+TESSERACT_MODELS = frozenset("""
+    afr amh ara asm aze aze_cyrl bel ben bod bos bre bul cat ceb ces chi_sim chi_sim_vert chi_tra chi_tra_vert
+    chr cos cym dan deu div dzo ell eng enm epo est eus fao fas fil fin fra frk frm fry gla gle glg grc guj hat
+    heb hin hrv hun hye iku ind isl ita ita_old jav jpn jpn_vert kan kat kat_old kaz khm kir kmr kor kor_vert lao
+    lat lav lit ltz mal mar mkd mlt mon mri msa mya nep nld nor oci ori pan pol por pus que ron rus san sin slk slv
+    snd spa spa_old sqi srp srp_latn sun swa swe syr tam tat tel tgk tha tir ton tur uig ukr urd uzb uzb_cyrl vie
+    yid yor""".split())
 INSTALL_HINT = ("to read them, install Tesseract: apt-get install tesseract-ocr tesseract-ocr-eng "
                 "tesseract-ocr-fra tesseract-ocr-deu tesseract-ocr-spa tesseract-ocr-ita tesseract-ocr-por "
                 "tesseract-ocr-nld; EVIDENTIA_OCR=off silences this")
@@ -170,6 +183,37 @@ class OcrEngine:
             env["TESSDATA_PREFIX"] = self.tessdata
         return env
 
+    def language_problems(self) -> tuple[str, str]:
+        """What ``languages`` asks that cannot be read, as (error, warning), "" where
+        nothing: entries that are no Tesseract language at all (an error: the setting is
+        wrong), and languages whose pack is not installed (a warning with the package
+        to install; the others are read). Nothing with OCR off: the setting is not used."""
+        if self.mode == "off":
+            return "", ""
+        names = self.languages.split("+")
+        unknown = [n for n in names if n not in self.installed and n not in TESSERACT_MODELS]
+        if unknown:
+            # Tesseract's name of each, where it has one: fr -> fra, ENG -> eng
+            named = {n: TESSERACT_LANGUAGES.get(n.lower()) or (n.lower() if n.lower() in TESSERACT_MODELS else "")
+                     for n in unknown}
+            fixed = "+".join(dict.fromkeys(named.get(n, n) for n in names))
+            hint = f" (did you mean {fixed}?)" if all(named.values()) else ""
+            here = f"; installed here: {', '.join(sorted(self.installed))}" if self.available else ""
+            verb = "is not a Tesseract language" if len(unknown) == 1 else "are not Tesseract languages"
+            return (f"EVIDENTIA_OCR_LANGUAGES must be Tesseract language names joined by +, not {self.languages!r}: "
+                    f"{', '.join(unknown)} {verb}{hint}{here}"), ""
+        missing = [n for n in names if n not in self.installed]
+        # a missing Tesseract is said on its own; the default's missing packs are not said on
+        # every run of a machine with English alone (the README's install line lists them)
+        if not missing or not self.available or self.languages == DEFAULT_LANGUAGES:
+            return "", ""
+        verb = "is" if len(missing) == 1 else "are"
+        packages = " ".join(f"tesseract-ocr-{n.replace('_', '-')}" for n in missing)
+        used = self.languages_for(None)
+        return "", (f"EVIDENTIA_OCR_LANGUAGES: {', '.join(missing)} {verb} not installed, so pages of unknown "
+                    f"language are read with {used}: apt-get install {packages} (EVIDENTIA_OCR_LANGUAGES={used} "
+                    "silences this)")
+
     def languages_for(self, language: str | None) -> str:
         """Tesseract's -l argument: the page's language where known and installed,
         else the multi-language run (limited to what is installed)."""
@@ -183,11 +227,12 @@ class OcrEngine:
 @dataclass(frozen=True)
 class OcrBacklog:
     """How much of a document OCR still has to look at: reported once its text layers
-    are read (before the first page goes to Tesseract) and after each such page, so
-    that a scan of 300 pages shows how far it is, not only how many pages are done."""
+    are read and every page is decided (before the first page goes to Tesseract), and
+    after each such page, so that a scan of 300 pages shows how far it is, not only how
+    many pages are done. A document whose pages all do without OCR reports none."""
 
     pages: int  # in the document
-    left: int  # pages without a usable text layer not yet looked at
+    left: int  # pages going to Tesseract not yet read (never a blank page, nor a short text layer alone)
 
 
 @dataclass(frozen=True)
@@ -348,6 +393,21 @@ class Rendered:
 def prepare_page(page: pymupdf.Page, engine: OcrEngine, text_layer: str | None = None) -> PageText | Rendered:
     """``read_page`` up to Tesseract: the page's ``PageText`` where no OCR is needed
     (or none can run), else its render. PyMuPDF work only: the caller's thread."""
+    decided = decide_page(page, engine, text_layer)
+    return decided if isinstance(decided, PageText) else render_page(page, engine, decided)
+
+
+@dataclass(frozen=True)
+class ToRead:
+    """A page that goes to Tesseract (``decide_page``), not rendered yet."""
+
+    kept: str  # its text layer, kept where OCR does not improve on it ("" for glyph junk)
+
+
+def decide_page(page: pymupdf.Page, engine: OcrEngine, text_layer: str | None = None) -> PageText | ToRead:
+    """``prepare_page`` without the render: the page's ``PageText`` where no OCR is
+    needed (or none can run), else ``ToRead``. Apart from the render so that a
+    document knows how many of its pages Tesseract will read before it reads any."""
     if text_layer is None:
         text_layer = page.get_text("text", sort=False)
     # the drawing log read once: on a page of 350,000 strokes a reading takes seconds
@@ -367,9 +427,14 @@ def prepare_page(page: pymupdf.Page, engine: OcrEngine, text_layer: str | None =
     if paths > MAX_OCR_PATHS:
         return PageText(kept, fallback, problem=f"the page draws {paths} paths, too many to render for OCR "
                                                  f"(at most {MAX_OCR_PATHS})")
+    return ToRead(kept)
+
+
+def render_page(page: pymupdf.Page, engine: OcrEngine, decided: ToRead) -> Rendered:
+    """The render of a page ``decide_page`` sent to Tesseract."""
     t0 = time.perf_counter()
     image = render(page, engine.dpi)
-    return Rendered(image, kept, time.perf_counter() - t0)
+    return Rendered(image, decided.kept, time.perf_counter() - t0)
 
 
 def read_rendered(page: Rendered, engine: OcrEngine, pool: "TesseractPool", run: "TesseractRun") -> PageText:

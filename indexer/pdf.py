@@ -12,8 +12,8 @@ from typing import Callable, Iterable
 import pymupdf
 
 from evidentia.indexer.ocr import (FIGURE_CAPTION_LETTERS, NONE, OCR, TEXT, UNREAD, OcrBacklog, OcrEngine, PageText,
-                                   Rendered, TesseractPool, TesseractRun, has_letters, is_garbage, prepare_page,
-                                   read_rendered)
+                                   Rendered, TesseractPool, TesseractRun, ToRead, decide_page, has_letters, is_garbage,
+                                   read_rendered, render_page)
 from evidentia.language import CONFIDENT, LanguageDetector
 from evidentia.records import Document, Page
 from evidentia.text import clean_text
@@ -127,15 +127,25 @@ def extract_pages(path: Path, doc_id: str, detector: LanguageDetector, ocr: OcrE
             # plenty of real text: settled without looking at the page's drawings
             if engine.mode != "force" and has_letters(layer, FIGURE_CAPTION_LETTERS) and not is_garbage(layer):
                 results[index] = PageText(layer, TEXT)
+        # The pages left are decided now, before any is read: those that need no OCR
+        # (a short text layer without a picture, a blank page) are settled, and the
+        # backlog counts only the pages Tesseract will read (it counted them all: a
+        # digital report of short pages said "6 to read by OCR", and read none).
+        plain = [r.text for r in results if r is not None]
+        queue: list[_Ahead] = []  # in page order: each page to render and read
+        for index in (i for i, r in enumerate(results) if r is None):
+            decided = _decide(doc, index, engine, raw_layers[index])
+            if isinstance(decided.prepared, PageText):
+                results[index] = decided.prepared
+            else:
+                queue.append(decided)
         # The document prior: the language of its readable pages guides the OCR of
         # the others; a document with none takes the first confident OCR'd page's.
-        pending = [i for i, r in enumerate(results) if r is None]
-        prior = (_majority_language(detector, [r.text for r in results if r is not None])
-                 if pending and engine.enabled else None)
+        prior = _majority_language(detector, plain) if queue and engine.enabled else None
         workers = engine.parallel if engine.enabled else 1
-        backlog = on_ocr_backlog if engine.enabled and pending else None
+        backlog = on_ocr_backlog if engine.enabled and queue else None
         if backlog is not None:
-            backlog(OcrBacklog(doc.page_count, len(pending)))
+            backlog(OcrBacklog(doc.page_count, len(queue)))
         # Pages are rendered ahead (at most this many in memory) and read by up to
         # `workers` Tesseract processes at once; they are finished in page order, so
         # the results, check_page and on_ocr_page are those of one page after another.
@@ -143,18 +153,18 @@ def extract_pages(path: Path, doc_id: str, detector: LanguageDetector, ocr: OcrE
         t_start = time.perf_counter()
         with TesseractPool(engine, workers) as pool:  # leaving it, on an error too, kills what still runs
             ahead: deque[_Ahead] = deque()
-            position = 0  # in pending: the next page to render
+            position = 0  # in queue: the next page to render
             guessing = False  # an OCR'd page left the prior unknown: read ahead without it
-            while ahead or position < len(pending):
+            while ahead or position < len(queue):
                 # Until the prior is known, the first page OCR'd goes alone (it usually
                 # sets it); pages read without it are read again once it shows.
                 reading = depth if prior or guessing else 1
                 languages = engine.languages_for(prior) if engine.enabled else ""  # disabled: nothing is rendered
                 while True:  # each page goes to Tesseract as soon as it is rendered
                     _hand_over(islice(ahead, reading), pool, languages)
-                    if position == len(pending) or len(ahead) == depth:
+                    if position == len(queue) or len(ahead) == depth:
                         break
-                    ahead.append(_prepare(doc, pending[position], engine, raw_layers[pending[position]]))
+                    ahead.append(_render(doc, queue[position], engine))
                     position += 1
                 page = ahead.popleft()
                 try:
@@ -170,7 +180,7 @@ def extract_pages(path: Path, doc_id: str, detector: LanguageDetector, ocr: OcrE
                 if read.source == OCR and on_ocr_page:
                     on_ocr_page(read)
                 if backlog is not None:
-                    backlog(OcrBacklog(doc.page_count, len(pending) - position + len(ahead)))
+                    backlog(OcrBacklog(doc.page_count, len(queue) - position + len(ahead)))
     finally:
         doc.close()
     raw_texts = [r.text for r in results]
@@ -191,19 +201,28 @@ def extract_pages(path: Path, doc_id: str, detector: LanguageDetector, ocr: OcrE
 
 @dataclass
 class _Ahead:
-    """A page that needs more than its text layer, prepared ahead of its turn."""
+    """A page that needs more than its text layer: decided, then rendered ahead of its turn."""
 
     index: int
-    prepared: PageText | Rendered | None = None  # PageText: settled without Tesseract
+    prepared: PageText | ToRead | Rendered | None = None  # PageText: settled without Tesseract (not queued)
     run: TesseractRun | None = None  # Tesseract's first reading of a Rendered page, once handed over
     error: Exception | None = None  # PyMuPDF failed on it: raised at its turn, after the pages before it
 
 
-def _prepare(doc: pymupdf.Document, index: int, engine: OcrEngine, layer: str) -> _Ahead:
+def _decide(doc: pymupdf.Document, index: int, engine: OcrEngine, layer: str) -> _Ahead:
     try:
-        return _Ahead(index, prepare_page(doc.load_page(index), engine, layer))
+        return _Ahead(index, decide_page(doc.load_page(index), engine, layer))
     except Exception as exc:  # a damaged page
         return _Ahead(index, error=exc)
+
+
+def _render(doc: pymupdf.Document, page: _Ahead, engine: OcrEngine) -> _Ahead:
+    if isinstance(page.prepared, ToRead):
+        try:
+            page.prepared = render_page(doc.load_page(page.index), engine, page.prepared)
+        except Exception as exc:  # a damaged page
+            page.error = exc
+    return page
 
 
 def _hand_over(pages: Iterable[_Ahead], pool: TesseractPool, languages: str) -> None:
@@ -221,8 +240,6 @@ def _read(page: _Ahead, engine: OcrEngine, pool: TesseractPool, detector: Langua
     """The page's text, and its language where OCR read it and it is clear."""
     if page.error is not None:
         raise page.error
-    if isinstance(page.prepared, PageText):
-        return page.prepared, None
     assert isinstance(page.prepared, Rendered) and page.run is not None  # handed over before its turn
     read = read_rendered(page.prepared, engine, pool, page.run)
     if read.source != OCR:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -344,6 +347,40 @@ def test_real_process_exit_codes_and_streams(cli_env, multilingual_pdf, bad_pdfs
     assert proc.stdout == ""
     assert error_lines(proc.stderr) == [
         "error: unknown document id(s): nope; `evidentia docs` lists the indexed ones"]
+
+
+def test_index_with_ocr_languages_tesseract_does_not_know_fails_in_one_line(cli, cli_env, tmp_path, monkeypatch):
+    """EVIDENTIA_OCR_LANGUAGES=fr+de (ISO codes, not Tesseract's fra+deu) was dropped
+    without a word and the scans read in English: it is a setting error, before any work."""
+    monkeypatch.setenv("EVIDENTIA_OCR", "on")
+    monkeypatch.setenv("EVIDENTIA_OCR_LANGUAGES", "fr+de")
+    result = cli("index", write_sample_report(tmp_path / "acme.pdf"))
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("error: EVIDENTIA_OCR_LANGUAGES must be Tesseract language names joined by +, "
+                                    "not 'fr+de': fr, de are not Tesseract languages (did you mean fra+deu?)")
+    assert result.stderr.count("\n") == 1 and result.stdout == ""
+    assert cli("docs").stdout.strip() == "no document indexed"
+
+
+def test_index_with_an_ocr_language_not_installed_warns_with_its_package(cli_env, tmp_path):
+    """A Tesseract language whose pack is missing: said, with the package, and the
+    pages read with the others (a real process: the warning is the engine's log line)."""
+    listed = subprocess.run(["tesseract", "--list-langs"], capture_output=True, text=True) \
+        if shutil.which("tesseract") else None
+    found = re.search(r'"(.+)"', listed.stdout.splitlines()[0]) if listed and listed.stdout else None
+    if not found or not (Path(found.group(1)) / "eng.traineddata").is_file():
+        pytest.skip("no Tesseract with its English data")
+    tessdata = tmp_path / "tessdata"  # English only
+    tessdata.mkdir()
+    (tessdata / "eng.traineddata").symlink_to(Path(found.group(1)) / "eng.traineddata")
+    env = {**os.environ, "EVIDENTIA_DATA_DIR": str(cli_env), "EVIDENTIA_OCR": "on", "EVIDENTIA_TESSDATA": str(tessdata),
+           "EVIDENTIA_OCR_LANGUAGES": "eng+fra"}
+    proc = subprocess.run([sys.executable, "-m", "evidentia.cli", "index", write_sample_report(tmp_path / "acme.pdf")],
+                          env=env, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert ("EVIDENTIA_OCR_LANGUAGES: fra is not installed, so pages of unknown language are read with eng: "
+            "apt-get install tesseract-ocr-fra (EVIDENTIA_OCR_LANGUAGES=eng silences this)\n") in proc.stderr
+    assert proc.stdout.startswith("1 document(s), 6 page(s) indexed")
 
 
 # --- a newcomer's first hour: tenants, messages, limits, help ----------------------

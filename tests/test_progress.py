@@ -106,3 +106,51 @@ def test_the_indexing_worker_reports_its_pages(tmp_path, monkeypatch):
         upload(client, headers, write_sample_report(tmp_path / "acme.pdf"))
         assert wait_indexed(client, headers, "acme")["status"] == "ready"
     assert seen[0] == (0, 6) and seen[-1] == (None,)  # counted once its pages are known, cleared when done
+
+
+def test_cli_index_of_a_digital_pdf_says_nothing_of_ocr(tmp_path):
+    """The sample report has a text layer on every page, most of them short: its progress
+    said "0 pages written, 6 to read by OCR", and no page was OCR'd."""
+    from evidentia.samples import write_sample_report
+
+    exe = Path(sys.executable).with_name("evidentia")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EVIDENTIA_")}
+    env.update(EVIDENTIA_DATA_DIR=str(tmp_path / "data"), EVIDENTIA_DENSE="off", EVIDENTIA_OCR="on",
+               EVIDENTIA_PROGRESS_INTERVAL_S="0.001")  # a line for each step, as in a pipe
+    proc = subprocess.run([str(exe), "index", str(write_sample_report(tmp_path / "acme.pdf"))], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "indexing: 1/1 documents, 6 pages written (" in proc.stderr
+    assert "OCR" not in proc.stderr, proc.stderr  # (it showed only where Tesseract is installed)
+
+
+def test_a_document_that_failed_during_ocr_leaves_no_count_on_the_next_ones(tmp_path, monkeypatch, capsys):
+    """A scan that fails while OCR reads it (a cap, a time limit) reported pages to read:
+    the next document, a digital one, went on showing them."""
+    import evidentia.indexing as indexing
+    from evidentia.indexer.ocr import OcrBacklog
+    from evidentia.indexer.pdf import PdfError
+    from evidentia.language import LanguageDetector
+    from evidentia.retriever.tantivy_backend import TantivyBackend
+    from evidentia.samples import write_pdf
+
+    real = indexing.extract_pages
+
+    def extract_pages(path, doc_id, detector, on_ocr_backlog=None, **kwargs):
+        if path.name == "a-scan.pdf":  # OCR starts on its 3 scanned pages, then the document fails
+            on_ocr_backlog(OcrBacklog(3, 3))
+            on_ocr_backlog(OcrBacklog(3, 2))
+            raise PdfError("a-scan.pdf: page 1: more than 100000 characters")
+        return real(path, doc_id, detector, on_ocr_backlog=on_ocr_backlog, **kwargs)
+
+    monkeypatch.setattr(indexing, "extract_pages", extract_pages)
+    write_pdf(tmp_path / "a-scan.pdf", ["scanned"] * 3)
+    write_pdf(tmp_path / "b-digital.pdf", ["A digital page of the annual report."] * 2)
+    with TantivyBackend(tmp_path / "index") as backend:
+        summary = indexing.index_paths_with_progress([tmp_path / "a-scan.pdf", tmp_path / "b-digital.pdf"], backend,
+                                                     LanguageDetector(), every_s=0)
+    assert summary.documents == 1 and len(summary.failures) == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert any("2 to read by OCR" in line for line in lines), lines  # while the scan was read
+    after = lines[next(i for i, line in enumerate(lines) if "1/2 documents" in line):]
+    assert after and not any("OCR" in line for line in after), lines

@@ -19,7 +19,7 @@ export function documentStatus(d) {
   if (d.status === "queued") return "waiting to be indexed…";
   const p = d.progress;
   // OCR takes seconds a page: a scan shows how far it has gone (ocr_pages_left counts
-  // the pages without a text layer still to be looked at, blank ones too)
+  // the pages Tesseract has still to read: not the blank ones, nor short text pages)
   if (p && p.ocr_pages_left) {
     return `reading scans by OCR: ${p.ocr_pages} read, ${p.ocr_pages_left} to go (${p.pages_total} pages)…`;
   }

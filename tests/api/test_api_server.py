@@ -90,3 +90,15 @@ def test_a_port_in_use_is_said_before_anything_loads(tmp_path, server_env):
     bad = subprocess.run([evidentia_exe(), "serve", "--port", "70000"], env=server_env, capture_output=True, text=True,
                          timeout=60)
     assert bad.returncode == 2 and bad.stderr == "error: --port 70000: use a TCP port from 1 to 65535\n"
+
+
+def test_ocr_languages_tesseract_does_not_know_stop_the_server_before_it_starts(server_env):
+    """EVIDENTIA_OCR_LANGUAGES=xyz was dropped without a word, and every scan uploaded read
+    in English: the server refuses to start, in one line, as for any bad setting."""
+    env = {**server_env, "EVIDENTIA_OCR": "on", "EVIDENTIA_OCR_LANGUAGES": "eng+xyz"}
+    proc = subprocess.run([evidentia_exe(), "serve", "--port", str(free_port())], env=env, capture_output=True,
+                          text=True, timeout=30)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("error: EVIDENTIA_OCR_LANGUAGES must be Tesseract language names joined by +, "
+                                  "not 'eng+xyz': xyz is not a Tesseract language"), proc.stderr
+    assert proc.stderr.count("\n") == 1, proc.stderr

@@ -395,6 +395,44 @@ def test_a_document_that_needs_no_ocr_reports_no_backlog(tmp_path):
     assert backlog == []  # OCR off: nothing will look at the scan
 
 
+def test_a_digital_report_of_short_pages_reports_no_backlog(tmp_path):
+    """Pages with a short text layer and no picture, and blank pages, need no OCR: the
+    sample report's 6 such pages were counted "to read by OCR", and none was read."""
+    from evidentia.samples import write_sample_report
+
+    path = write_sample_report(tmp_path / "report.pdf")
+    with pymupdf.open(path) as doc:  # every page under the letters that settle a page by its text layer alone
+        assert all(ocr_mod.letters(page.get_text()) < ocr_mod.FIGURE_CAPTION_LETTERS for page in doc)
+    backlog = []
+    # no page goes to Tesseract: an engine that says it is installed is enough, wherever the test runs
+    engine = OcrEngine(available=True, installed=("eng",))
+    document = extract_pages(path, "report", LanguageDetector(), ocr=engine, on_ocr_backlog=backlog.append)
+    assert backlog == []
+    assert document.ocr_pages == 0 and document.unread_pages == 0 and document.page_count == 6
+
+
+@needs_tesseract
+def test_the_backlog_counts_only_the_pages_tesseract_reads(tmp_path):
+    """A scan between a page of short text and a blank page: 1 page to read, not 3
+    (a 2-page scan with such a page said 3 to go, and ended with 2 pages OCR'd)."""
+    from evidentia.indexer.ocr import OcrBacklog
+
+    scanned = scanned_pdf(tmp_path / "scan.pdf", [None, TEXTS["en"]])
+    with pymupdf.open(scanned) as doc:
+        doc.new_page()
+        doc.save(tmp_path / "mixed.pdf")
+    backlog = []
+    document = extract_pages(tmp_path / "mixed.pdf", "mixed", LanguageDetector(), ocr=TESSERACT,
+                             on_ocr_backlog=backlog.append)
+    assert [p.text_source for p in document.pages] == ["text", "ocr", "none"]
+    assert backlog == [OcrBacklog(3, 1), OcrBacklog(3, 0)]
+    # forced, every page that shows something is read: never the blank one
+    backlog.clear()
+    forced = extract_pages(tmp_path / "mixed.pdf", "mixed", LanguageDetector(),
+                           ocr=OcrEngine.probe(mode="force", dpi=150), on_ocr_backlog=backlog.append)
+    assert [p.text_source for p in forced.pages] == ["ocr", "ocr", "none"]
+    assert backlog == [OcrBacklog(3, 2), OcrBacklog(3, 1), OcrBacklog(3, 0)]
+
 @needs_tesseract
 def test_a_failed_check_stops_the_reading_and_leaves_no_tesseract_running(tmp_path):
     from dataclasses import replace
@@ -503,6 +541,39 @@ def test_languages_for_uses_the_page_language_where_installed():
     assert engine.languages_for("pt") == "eng+fra+deu"  # no Portuguese data: the multi-language run
 
 
+def test_ocr_languages_tesseract_does_not_know_are_an_error():
+    """EVIDENTIA_OCR_LANGUAGES=fr+de (ISO codes, not Tesseract's fra+deu) was dropped
+    without a word, and every scan read in English."""
+    from dataclasses import replace
+
+    engine = OcrEngine(installed=("deu", "eng", "fra"), available=True)
+    assert replace(engine, languages="fr+de").language_problems() == (
+        "EVIDENTIA_OCR_LANGUAGES must be Tesseract language names joined by +, not 'fr+de': fr, de are not "
+        "Tesseract languages (did you mean fra+deu?); installed here: deu, eng, fra", "")
+    error, _ = replace(engine, languages="eng+xyz").language_problems()
+    assert error.endswith(": xyz is not a Tesseract language; installed here: deu, eng, fra")
+    # a model trained in-house has a name of its own: installed, it is read
+    assert replace(engine, installed=("eng", "acme_forms"), languages="eng+acme_forms").language_problems() == ("", "")
+    # without Tesseract the name is wrong all the same (and the missing Tesseract said apart); OCR off: not used
+    assert OcrEngine(languages="fr").language_problems()[0].endswith(": fr is not a Tesseract language (did you "
+                                                                     "mean fra?)")
+    assert OcrEngine(mode="off", languages="fr").language_problems() == ("", "")
+
+
+def test_an_ocr_language_not_installed_is_a_warning_naming_its_package():
+    engine = OcrEngine(installed=("deu", "eng", "fra"), available=True, languages="eng+chi_sim+hin")
+    assert engine.language_problems() == ("", (
+        "EVIDENTIA_OCR_LANGUAGES: chi_sim, hin are not installed, so pages of unknown language are read with eng: "
+        "apt-get install tesseract-ocr-chi-sim tesseract-ocr-hin (EVIDENTIA_OCR_LANGUAGES=eng silences this)"))
+    assert OcrEngine(installed=("deu", "eng", "fra"), available=True, languages="fra+deu").language_problems() == \
+        ("", "")
+    # the default's packs missing (a machine with English alone): not said on every run
+    assert OcrEngine(installed=("eng",), available=True, languages=ocr_mod.DEFAULT_LANGUAGES).language_problems() \
+        == ("", "")
+    # Tesseract missing: that is said (with how to install it), not each language
+    assert OcrEngine(languages="eng+hin", problem="Tesseract was not found").language_problems() == ("", "")
+
+
 def test_blank_page_needs_no_tesseract():
     doc = pymupdf.open()
     page = doc.new_page()
@@ -568,9 +639,10 @@ def test_api_reports_ocr_pages_and_page_sources(tmp_path):
                 seen.append(doc["progress"])
             time.sleep(0.02)
         # OCR's progress shows before the embedding's: the document's 3 pages, and the
-        # pages OCR has read and has still to look at (page 3's short text layer too)
-        assert seen[0] == {"pages_done": 0, "pages_total": 3, "ocr_pages": 0, "ocr_pages_left": 3}, seen
-        assert {"pages_done": 0, "pages_total": 3, "ocr_pages": 1, "ocr_pages_left": 2} in seen, seen
+        # pages OCR has read and has still to read (the 2 scans: page 3's short text
+        # layer needs no OCR, and a count of 3 ended with 2 pages OCR'd)
+        assert seen[0] == {"pages_done": 0, "pages_total": 3, "ocr_pages": 0, "ocr_pages_left": 2}, seen
+        assert {"pages_done": 0, "pages_total": 3, "ocr_pages": 1, "ocr_pages_left": 1} in seen, seen
         lefts = [p["ocr_pages_left"] for p in seen]
         assert lefts == sorted(lefts, reverse=True) and lefts[-1] == 0, seen
         assert doc["progress"] is None
