@@ -657,10 +657,14 @@ class Store:
         docs = sorted({d for d, _ in wanted})
         if not docs:
             return {}
+        numbers = sorted({n for _, n in wanted})
+        # the (tenant, document_id, page) index narrows it to the pages shown, before the join
         rows = self._query(
             "SELECT f.*, v.generations FROM feedback f JOIN validations v USING (validation_id) "
-            f"WHERE f.tenant = ? AND f.document_id IN ({', '.join('?' * len(docs))}) AND v.question = ? "
-            "AND v.answer = ? ORDER BY f.id DESC", (tenant, *docs, question, answer))
+            f"WHERE f.tenant = ? AND f.document_id IN ({', '.join('?' * len(docs))}) "
+            f"AND f.page IN ({', '.join('?' * len(numbers))}) AND v.question = ? AND v.answer = ?",
+            (tenant, *docs, *numbers, question, answer))
+        rows.sort(key=lambda r: -r["id"])  # latest first (an ORDER BY id took the tenant's whole index)
         out: dict[tuple[str, int], list[FeedbackRow]] = {}
         seen: set[tuple[str, int, str]] = set()
         for r in rows:
