@@ -90,11 +90,27 @@ def run_lines(config_runs) -> list[str]:
     return lines
 
 
+def check_shorthand(reranker: str, threshold: Optional[float]) -> None:
+    """Fail (exit 2) where --reranker or --threshold cannot make a configuration."""
+    from evidentia.console import fail
+    from evidentia.reranker.registry import reranker_class, reranker_names
+
+    if reranker not in reranker_names():
+        raise fail(f"--reranker: unknown reranker {reranker!r}; choose one of {', '.join(reranker_names())}")
+    if threshold is None:
+        return
+    if not 0.0 <= threshold <= 1.0:  # NaN too
+        raise fail("--threshold must be between 0 and 1")
+    if not reranker_class(reranker).outputs_probabilities:
+        raise fail(f"--threshold: reranker {reranker!r} does not output probabilities, so it takes no threshold")
+
+
 def eval_command(
     queries: Path = typer.Option(..., "--queries", help="Queries JSONL: id, doc_id (or doc_ids), question, answer, "
                                  "relevant_pages (1-based), optional extra fields such as question_type."),
-    pdf_dir: Optional[Path] = typer.Option(None, "--pdf-dir", help="Folder of <doc_id>.pdf files: the documents of "
-                                           "the queries that are not indexed yet are indexed from it first."),
+    pdf_dir: Optional[Path] = typer.Option(None, "--pdf-dir", help="Folder of the queries' PDFs, each found by its "
+                                           "document id (the file name as `evidentia index` makes it): those not "
+                                           "indexed yet are indexed from it first."),
     compare: str = typer.Option("bm25", "--compare", help=COMPARE_HELP),
     reranker: Optional[str] = typer.Option(None, "--reranker", help="Shorthand for one configuration: "
                                            "bm25 + this reranker (none, llm, classifier, cosine); replaces --compare."),
@@ -125,13 +141,16 @@ def eval_command(
     if pdf_dir is not None and not pdf_dir.is_dir():
         raise fail(f"--pdf-dir {pdf_dir}: no such folder")
     check_outputs(run_out, report)  # before the run, which may take many minutes
+    if reranker is not None:
+        # checked here, each problem named by its flag: parse_compare's messages quote the
+        # configuration the shorthand makes ('bm25+classifier@1.5'), which the user never wrote
+        check_shorthand(reranker, threshold)
+        compare = "bm25" if reranker == "none" else f"bm25+{reranker}"
+        if threshold is not None:
+            compare += f"@{threshold:g}"
+    elif threshold is not None:
+        raise fail("--threshold goes with --reranker (or write it in --compare, e.g. classifier@0.15)")
     try:
-        if reranker is not None:
-            compare = "bm25" if reranker == "none" else f"bm25+{reranker}"
-            if threshold is not None:
-                compare += f"@{threshold:g}"
-        elif threshold is not None:
-            raise ConfigError("--threshold goes with --reranker (or write it in --compare, e.g. classifier@0.15)")
         configs = parse_compare(compare)
     except ConfigError as exc:
         raise fail(f"--compare: {exc}")

@@ -70,7 +70,32 @@ def plot_metrics(summary: dict, path: Path) -> Path:
     return _save(fig, path)
 
 
-def plot_sweep(label: str, rows: list[dict], thresholds: Sequence[float], path: Path) -> Path:
+def _overlaps(a, b) -> bool:
+    """Whether two display boxes (matplotlib Bbox) share more than an edge."""
+    return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
+
+
+def _crosses(box, p, q) -> bool:
+    """Whether the segment p-q (display coordinates) passes through ``box`` (Liang-Barsky)."""
+    (x0, y0), (x1, y1) = p, q
+    dx, dy = x1 - x0, y1 - y0
+    lo, hi = 0.0, 1.0
+    for step, room in ((-dx, x0 - box.x0), (dx, box.x1 - x0), (-dy, y0 - box.y0), (dy, box.y1 - y0)):
+        if step == 0:
+            if room < 0:
+                return False
+            continue
+        t = room / step
+        if step < 0:
+            lo = max(lo, t)
+        else:
+            hi = min(hi, t)
+        if lo > hi:
+            return False
+    return True
+
+
+def sweep_figure(label: str, rows: list[dict], thresholds: Sequence[float]):
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     xs = [r["threshold"] for r in rows]
@@ -85,26 +110,99 @@ def plot_sweep(label: str, rows: list[dict], thresholds: Sequence[float], path: 
     ax2.plot(xs, [r["pages_per_query"] for r in rows], color="grey", linestyle=":", label="pages/query")
     ax2.set_ylabel("pages returned per query", color="grey")
     ax2.set_ylim(bottom=0)
+    # Each threshold's value above the top border, over its dashed line: at y 1.02 inside
+    # the axes (top 1.05) it ran into the border; close thresholds are stacked in rows.
+    marks = []
     for t in thresholds:
         ax.axvline(t, color="black", linestyle="--", linewidth=0.8)
-        ax.text(t, 1.02, f"{t:g}", ha="center", va="bottom", fontsize=8)
+        marks.append(ax.annotate(f"{t:g}", (t, 1), xycoords=ax.get_xaxis_transform(), xytext=(0, 2),
+                                 textcoords="offset points", ha="center", va="bottom", fontsize=8,
+                                 annotation_clip=False))
     h1, l1 = ax.get_legend_handles_labels()
     h2, l2 = ax2.get_legend_handles_labels()
     # below the axes: inside, it covered the curves wherever they ran (a newcomer's report, 8ap)
     ax.legend(h1 + h2, l1 + l2, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, frameon=False)
-    ax.set_title(f"{label}: threshold sweep", pad=14)
-    return _save(fig, path)
+    rows_used = 0
+    if marks:
+        fig.tight_layout()
+        renderer = fig.canvas.get_renderer()
+        placed: list[tuple[object, int]] = []  # (box, row)
+        for mark in marks:
+            box = mark.get_window_extent(renderer)
+            row = 0
+            while any(r == row and _overlaps(box, b) for b, r in placed):
+                row += 1
+            if row:
+                mark.set_position((0, 2 + 10 * row))  # a line (10 points) higher per row
+                box = mark.get_window_extent(renderer)
+            placed.append((box, row))
+        rows_used = 1 + max(r for _, r in placed)
+    ax.set_title(f"{label}: threshold sweep", pad=max(14, 8 + 10 * rows_used))  # above the rows of values
+    return fig
 
 
-def plot_reliability(label: str, bins: list[metrics.ReliabilityBin], ece, path: Path) -> Path:
+def plot_sweep(label: str, rows: list[dict], thresholds: Sequence[float], path: Path) -> Path:
+    return _save(sweep_figure(label, rows, thresholds), path)
+
+
+# Where a point's count may go (offset in points, alignment), in order of preference.
+_LABEL_SPOTS = [((dx * f, dy * f), ha, va) for f in (1, 2)
+                for (dx, dy), ha, va in (((5, 5), "left", "bottom"), ((-5, 5), "right", "bottom"),
+                                         ((5, -5), "left", "top"), ((-5, -5), "right", "top"),
+                                         ((0, 7), "center", "bottom"), ((0, -7), "center", "top"),
+                                         ((7, 0), "left", "center"), ((-7, 0), "right", "center"))]
+
+
+def _place_counts(fig, ax, line, labels: list) -> None:
+    """Move each point's count label to the first spot where it covers no point, no
+    segment of the curve (nor the diagonal), no other label and no legend, and stays
+    inside the axes; else to the spot that covers least. At one fixed offset (up and to
+    the right), a label sat on the curve rising from its point and on the point itself."""
+    fig.tight_layout()
+    renderer = fig.canvas.get_renderer()
+    scale = fig.dpi / 72
+    points = ax.transData.transform(line.get_xydata())
+    radius = (line.get_markersize() / 2 + line.get_markeredgewidth()) * scale
+    curves = [ax.transData.transform(other.get_xydata()) for other in ax.get_lines()]
+    segments = [(c[i], c[i + 1]) for c in curves for i in range(len(c) - 1)]
+    frame = ax.get_window_extent(renderer)
+    legend = ax.get_legend()
+    taken = [legend.get_window_extent(renderer)] if legend is not None else []
+
+    def cost(box) -> int:
+        inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+        hits = sum((px - min(max(px, box.x0), box.x1)) ** 2 + (py - min(max(py, box.y0), box.y1)) ** 2
+                   < radius ** 2 for px, py in points)
+        hits += sum(_crosses(box, p, q) for p, q in segments) + sum(_overlaps(box, t) for t in taken)
+        return hits + (0 if inside else 100)
+
+    for text in labels:
+        best = None
+        for offset, ha, va in _LABEL_SPOTS:
+            text.set_position(offset)
+            text.set_ha(ha)
+            text.set_va(va)
+            score = cost(text.get_window_extent(renderer))
+            if best is None or score < best[0]:
+                best = (score, offset, ha, va)
+            if score == 0:
+                break
+        _, offset, ha, va = best
+        text.set_position(offset)
+        text.set_ha(ha)
+        text.set_va(va)
+        taken.append(text.get_window_extent(renderer))
+
+
+def reliability_figure(label: str, bins: list[metrics.ReliabilityBin], ece):
     plt = _pyplot()
     fig, (ax, axc) = plt.subplots(2, 1, figsize=(6, 6.5), gridspec_kw={"height_ratios": [3, 1]}, sharex=True)
     ax.plot([0, 1], [0, 1], color="grey", linestyle="--", linewidth=1, label="perfect calibration")
     full = [b for b in bins if b.count]
-    ax.plot([b.mean_probability for b in full], [b.observed_frequency for b in full], marker="o", label=label)
-    for b in full:
-        ax.annotate(f"n={b.count}", (b.mean_probability, b.observed_frequency), textcoords="offset points",
-                    xytext=(4, 6), fontsize=7)
+    (curve,) = ax.plot([b.mean_probability for b in full], [b.observed_frequency for b in full], marker="o",
+                       label=label)
+    counts = [ax.annotate(f"n={b.count}", (b.mean_probability, b.observed_frequency), textcoords="offset points",
+                          xytext=(5, 5), fontsize=7) for b in full]
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("observed frequency of relevant pages")
@@ -117,9 +215,16 @@ def plot_reliability(label: str, bins: list[metrics.ReliabilityBin], ece, path: 
     for b in bins:
         if b.count:
             axc.text((b.lower + b.upper) / 2, b.count, str(b.count), ha="center", va="bottom", fontsize=7)
+    # room above the tallest bar for its count, which otherwise ran into the top border
+    axc.set_ylim(0, max([b.count for b in bins] + [1]) * 1.25)
     axc.set_xlabel("predicted probability (10 equal-width bins)")
     axc.set_ylabel("pages")
-    return _save(fig, path)
+    _place_counts(fig, ax, curve, counts)
+    return fig
+
+
+def plot_reliability(label: str, bins: list[metrics.ReliabilityBin], ece, path: Path) -> Path:
+    return _save(reliability_figure(label, bins, ece), path)
 
 
 def plot_category(name: str, values: list[str], config_runs: Sequence[ConfigRun], pool_size: int, path: Path) -> Path:
@@ -198,6 +303,8 @@ def write_report(directory: Path, summary: dict, config_runs: Sequence[ConfigRun
         thresholds = sorted({c.config.threshold for c in runs if c.config.threshold is not None})
         sweep = summary["threshold_sweeps"][label]
         parts.append(f"<h3>{html.escape(label)}</h3>")
+        if runs[0].model_version:  # the sweep and calibration are this model's, not the reranker's in general
+            parts.append(f'<p class="note">model: {html.escape(runs[0].model_version)}</p>')
         parts.append(f"<p>P@{SWEEP_K} and R@{SWEEP_K} when keeping the pages whose probability is at least the "
                      "threshold (dashed lines: the configured thresholds). A threshold that replaces a fixed "
                      f"top-k keeps at least {MIN_RECALL_KEPT:.0%} of the unthresholded R@{SWEEP_K} while returning "

@@ -43,8 +43,11 @@ class UnknownDocumentsError(LookupError):
         n = len(self.missing)
         head = f"{n} document id(s) named in the queries are not indexed: {shown}"
         if self.pdf_dir is not None:
-            return f"{head}; {self.pdf_dir} has no <doc_id>.pdf for them (or it failed to index)"
-        return f"{head}; index them with `evidentia index`, or pass --pdf-dir DIR holding <doc_id>.pdf files"
+            from evidentia.indexing import missing_pdfs_hint
+
+            return (f"{head}; {self.pdf_dir} has no PDF with those ids (or it failed to index)"
+                    + missing_pdfs_hint(self.missing, [self.pdf_dir]))
+        return f"{head}; index them with `evidentia index`, or pass --pdf-dir DIR holding their PDFs"
 
     def __str__(self) -> str:
         return self.message
@@ -145,6 +148,8 @@ class ConfigRun:
     config: RunConfig
     probabilistic: bool  # the reranker outputs calibrated probabilities
     runs: list[QueryRun]
+    # the reranker's model (a classifier's: directory@created+data hash), which the numbers are of
+    model_version: Optional[str] = None
 
     @property
     def label(self) -> str:
@@ -196,7 +201,8 @@ def run_configs(queries: Sequence[EvalQuery], configs: Sequence[RunConfig], engi
                 unfiltered=list(out.pages) if probabilistic else None,
                 fallback_reason=out.fallback_reason,
             ))
-        results.append(ConfigRun(config=config, probabilistic=probabilistic, runs=runs))
+        results.append(ConfigRun(config=config, probabilistic=probabilistic, runs=runs,
+                                 model_version=rerankers[key].model_version))
     return results
 
 
@@ -248,6 +254,7 @@ def summarize(config_runs: Sequence[ConfigRun], queries: Sequence[EvalQuery], ks
         "k": list(ks),
         "configs": {c.label: {"stage": c.config.stage, "reranker": c.config.reranker,
                               "threshold": c.config.threshold, "probabilistic": c.probabilistic,
+                              "model_version": c.model_version,
                               **agg(c.runs, c.probabilistic)} for c in config_runs},
         "metrics": metrics.metric_names(ks, pool_size, NDCG_K),
         "categories": {},

@@ -58,6 +58,16 @@ def category_table(summary: dict, name: str) -> Table:
     return header, rows
 
 
+def models(summary: dict) -> list[str]:
+    """One line per reranker model scored, naming its configurations: the same command
+    scores another model once one is promoted or EVIDENTIA_CLASSIFIER_MODEL is set."""
+    by_version: dict[str, list[str]] = {}
+    for label, c in summary["configs"].items():
+        if c.get("model_version"):
+            by_version.setdefault(c["model_version"], []).append(label)
+    return [f"model of {', '.join(labels)}: {version}" for version, labels in by_version.items()]
+
+
 def notes(summary: dict) -> list[str]:
     pool = summary["pool_size"]
     key = next((k for k in summary["metrics"] if k.startswith("pool R@")), f"R@{pool}")
@@ -70,7 +80,7 @@ def notes(summary: dict) -> list[str]:
     if any(c["probabilistic"] for c in summary["configs"].values()):
         out.append("ECE (10 bins), Brier and AUROC: over every pool page the reranker scored, "
                    "before the threshold (label = page is relevant).")
-    return out
+    return models(summary) + out
 
 
 def render_text(table: Table, title: Optional[str] = None) -> str:

@@ -413,20 +413,19 @@ class Engine:
         return sorted(d for d in dict.fromkeys(doc_ids) if d not in indexed)
 
     def index_missing(self, doc_ids: Sequence[str], pdf_dir: Path, progress: bool = True) -> "IndexSummary | None":
-        """Index, from ``pdf_dir`` (searched recursively), the PDFs whose stem is one
-        of ``doc_ids`` that the index lacks; None when nothing needed indexing.
-        Indexed like any other document (page embeddings included), so every stage
-        can search them afterwards."""
-        from evidentia.indexing import find_pdfs
+        """Index, from ``pdf_dir`` (searched recursively), the PDFs whose document id
+        (``store.document_id_for`` of the file name, as `evidentia index` and uploads
+        give it) is one of ``doc_ids`` that the index lacks; None when nothing needed
+        indexing. Indexed like any other document (page embeddings included), so every
+        stage can search them afterwards."""
+        from evidentia.indexing import pdfs_by_document_id
 
         missing = set(self.missing_documents(doc_ids))
         if not missing:
             return None
-        files, _ = find_pdfs([pdf_dir])
-        chosen: dict[str, Path] = {}
-        for path in files:
-            if path.stem in missing:
-                chosen.setdefault(path.stem, path)
+        # by id, not by stem: the stem of "Rapport 2023 é.pdf" is no id, and indexed under
+        # it the document was one that neither `evidentia index` nor the API can name
+        chosen = {path: doc_id for doc_id, path in pdfs_by_document_id([pdf_dir]).items() if doc_id in missing}
         if not chosen:
             return None
-        return self.index_paths(list(chosen.values()), progress=progress)
+        return self.index_paths(list(chosen), progress=progress, doc_id_of=chosen.__getitem__)

@@ -14,6 +14,7 @@ from evidentia.indexer.pdf import PdfError, extract_pages
 from evidentia.indexer.worker import ExtractionLimits, extract_bounded
 from evidentia.records import Document
 from evidentia.retriever.base import SearchBackend
+from evidentia.store import document_id_for
 from evidentia.tenants import split_internal_id
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -118,6 +119,53 @@ def find_pdfs(paths: Iterable[Path]) -> tuple[list[Path], list[IndexFailure]]:
         else:
             missing.append(IndexFailure(str(path), f"{path}: no such file or folder"))
     return list(dict.fromkeys(files)), missing
+
+
+def pdfs_by_document_id(folders: Iterable[Path]) -> dict[str, Path]:
+    """The PDFs under ``folders`` (recursively; files too) by the document id `evidentia
+    index` and uploads give each (``store.document_id_for``): labelled queries name a
+    document so, whatever its file name. Where two files share an id, the first found."""
+    files, _ = find_pdfs(folders)
+    found: dict[str, Path] = {}
+    for path in files:
+        found.setdefault(document_id_for(path.name), path)
+    return found
+
+
+def likely_pdf(doc_id: str, pdfs: dict[str, Path]) -> tuple[str, Path, bool] | None:
+    """(id, file, whether surely that file) of the PDF a labelled query most likely means
+    by ``doc_id``, an id no file of ``pdfs`` (``pdfs_by_document_id``) has: surely the
+    file whose stem it is, or whose id it gives once made an id (accents, spaces);
+    else the closest id in any case (a typo); None when none is close."""
+    import difflib
+
+    as_id = document_id_for(f"{doc_id}.pdf")  # the suffix keeps a dot in the id ("report.v2")
+    for key, path in pdfs.items():
+        if path.stem == doc_id or key == as_id:
+            return key, path, True
+    folded = {key.casefold(): key for key in pdfs}
+    close = difflib.get_close_matches(as_id.casefold(), list(folded), n=1, cutoff=0.8)
+    return (folded[close[0]], pdfs[folded[close[0]]], False) if close else None
+
+
+def missing_pdfs_hint(missing: Sequence[str], folders: Sequence[Path], limit: int = 3) -> str:
+    """``"; …"`` naming, for each missing id, the file of ``folders`` it likely means and
+    that file's id; "" when no file is close: a query naming a PDF by its file name
+    rather than its id (accents, spaces) was refused with nothing said of the file."""
+    pdfs = pdfs_by_document_id(folders)
+    hints = []
+    for doc_id in missing:
+        found = likely_pdf(doc_id, pdfs)
+        if found is None or found[0] == doc_id:  # none close, or the file of that id failed (said above)
+            continue
+        key, path, sure = found
+        hints.append(f"{doc_id} is {path}, whose id is {key}" if sure
+                     else f"the file closest to {doc_id} is {path}, id {key}")
+    if not hints:
+        return ""
+    more = f"; and {len(hints) - limit} more" if len(hints) > limit else ""
+    return ("; a query names a PDF by its document id, the file name as `evidentia index` makes it: "
+            + "; ".join(hints[:limit]) + more)
 
 
 def embed_document(document: Document, embedder: "PageEmbedder | None",

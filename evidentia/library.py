@@ -85,14 +85,14 @@ class Library:
         return summary
 
     def index_missing(self, doc_ids: Sequence[str], pdf_dir: Path, progress: bool = True) -> "IndexSummary | None":
-        """``Engine.index_missing`` (labelled queries name their documents by file stem),
-        recorded in the store as the default tenant's, as `evidentia index` records them:
-        what `eval` and `dataset` index is seen by that tenant's API key too. A stem that
-        is not a document id (spaces, accents) stays searchable from the CLI only."""
+        """``Engine.index_missing`` (labelled queries name their documents by document id,
+        the file name as `evidentia index` makes it), recorded in the store as the default
+        tenant's, as `evidentia index` records them: what `eval` and `dataset` index is
+        seen by that tenant's API key too."""
         summary = self.engine.index_missing(doc_ids, pdf_dir, progress=progress)
         for doc_id in summary.doc_ids if summary is not None else ():
             tenant, document_id = split_internal_id(doc_id)
-            if tenant == DEFAULT_TENANT and document_id_for(document_id) == document_id:
+            if tenant == DEFAULT_TENANT:
                 self._record(tenant, document_id, summary.sources[doc_id], doc_id, summary.ocr.get(doc_id))
         return summary
 

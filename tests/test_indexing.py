@@ -180,3 +180,53 @@ def test_a_pending_reupload_survives_a_restart(tmp_path):
     with TestClient(make_app(tmp_path, **LIMITS)) as c:
         d = wait_indexed(c, h, "report")
         assert d["pages"] == 5 and d["filename"] == "v2.pdf" and d["reindex_status"] is None
+
+
+# --------------------------------------------------------------------------- PDFs found by document id
+
+
+def test_pdfs_by_document_id_names_each_file_as_index_does(tmp_path):
+    from evidentia.indexing import pdfs_by_document_id
+    from evidentia.store import document_id_for
+
+    names = ["acme-2023.pdf", "Rapport durabilité 2023 (Société Générale des Eaux).pdf", "sub/report.v2.PDF",
+             "文档.pdf", "notes.txt"]
+    for name in names:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"%PDF-1.4")
+    found = pdfs_by_document_id([tmp_path])
+    assert found == {document_id_for(name): tmp_path / name for name in names[:4]}
+    assert set(found) == {"acme-2023", "Rapport-durabilite-2023-Societe-Generale-des-Eaux", "report.v2",
+                          document_id_for("文档.pdf")}
+
+
+def test_likely_pdf_names_the_file_a_query_means(tmp_path):
+    from evidentia.indexing import likely_pdf, missing_pdfs_hint, pdfs_by_document_id
+
+    for name in ("Nachhaltigkeitsbericht_Müller_Größe.pdf", "Rapport durabilité 2023.pdf", "AMCOR_2023Q4_10Q.pdf",
+                 "文档.pdf"):
+        (tmp_path / name).write_bytes(b"%PDF-1.4")
+    pdfs = pdfs_by_document_id([tmp_path])
+    # the file's stem, or what its id is made from: surely that file
+    assert likely_pdf("Nachhaltigkeitsbericht_Müller_Größe", pdfs) == \
+        ("Nachhaltigkeitsbericht_Muller_Grosse", tmp_path / "Nachhaltigkeitsbericht_Müller_Größe.pdf", True)
+    assert likely_pdf("Rapport durabilite 2023", pdfs)[0] == "Rapport-durabilite-2023"
+    assert likely_pdf("文档", pdfs)[1] == tmp_path / "文档.pdf"
+    # another case, a typo: the closest, not surely
+    assert likely_pdf("amcor_2023q4_10q", pdfs) == ("AMCOR_2023Q4_10Q", tmp_path / "AMCOR_2023Q4_10Q.pdf", False)
+    assert likely_pdf("AMCOR_2023Q4_10K", pdfs)[0] == "AMCOR_2023Q4_10Q"
+    assert likely_pdf("tesla-2022", pdfs) is None
+    assert missing_pdfs_hint(["tesla-2022"], [tmp_path]) == ""
+    hint = missing_pdfs_hint(["tesla-2022", "Rapport durabilité 2023"], [tmp_path])
+    assert hint == ("; a query names a PDF by its document id, the file name as `evidentia index` makes it: "
+                    f"Rapport durabilité 2023 is {tmp_path / 'Rapport durabilité 2023.pdf'}, whose id is "
+                    "Rapport-durabilite-2023")
+
+
+def test_no_hint_names_a_file_by_the_id_it_already_has(tmp_path):
+    """A file of that very id is missing because it failed to index (its error is said
+    above the hint): 'X is X.pdf, whose id is X' would say nothing."""
+    from evidentia.indexing import missing_pdfs_hint
+
+    (tmp_path / "broken.pdf").write_bytes(b"not a pdf")
+    assert missing_pdfs_hint(["broken"], [tmp_path]) == ""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 import typer
 
@@ -19,8 +19,17 @@ def _shown_default(name: str) -> str:
     return next(f.metadata["shown"] for f in dataclasses.fields(Settings) if f.name == name)
 
 
-def _missing_message(flag: str):
-    return lambda missing: f"documents not indexed: {', '.join(missing[:10])}; pass {flag}"
+def _missing_message(flag: str, folders: Sequence[Path] = ()):
+    """The error on labelled queries' documents still missing after indexing ``folders``
+    (the PDFs given with ``flag``), naming the file each likely means where one is close."""
+    def message(missing: list[str]) -> str:
+        from evidentia.indexing import missing_pdfs_hint
+
+        head = f"documents not indexed: {', '.join(missing[:10])}"
+        if not folders:
+            return f"{head}; pass {flag}"
+        return f"{head}; no PDF of {flag} has those ids (or it failed to index)" + missing_pdfs_hint(missing, folders)
+    return message
 
 
 def dataset_command(
@@ -93,7 +102,8 @@ def dataset_command(
             typer.echo(f"held out {len(qs) - len(train_qs)} of {len(qs)} queries ({len(held)} {split_by} group(s))",
                        err=True)
             qs = train_qs
-        ctx.require_documents(all_doc_ids(qs), [pdf_dir] if pdf_dir else [], _missing_message("--pdf-dir"))
+        folders = [pdf_dir] if pdf_dir else []
+        ctx.require_documents(all_doc_ids(qs), folders, _missing_message("--pdf-dir", folders))
         refuse_pages_beyond_documents(queries, qs, ctx.engine)
         stage = ctx.config(stage=stage, reranker="none", flags={"stage": "--stage"}).stage  # checks it too
         if document_negatives < 0:
@@ -305,7 +315,7 @@ def distill_command(
         bars.append(Progress(pages, "judging", "pages", every_s=ctx.settings.progress_interval_s))
 
     try:
-        ctx.require_documents(all_doc_ids(qs), docs or [], _missing_message("--docs"))
+        ctx.require_documents(all_doc_ids(qs), docs or [], _missing_message("--docs", docs or []))
         if defs is not None:
             matched = sum(1 for q in qs if defs.lookup(q.question) is not None)
             typer.echo(f"definitions: {matched} of {len(qs)} queries have one", err=True)
@@ -374,7 +384,8 @@ def calibrate_command(
     except ModelLoadError as exc:
         raise fail(str(exc), EXIT_BAD_INPUT)
     try:
-        ctx.require_documents(all_doc_ids(qs), [pdf_dir] if pdf_dir else [], _missing_message("--pdf-dir"))
+        folders = [pdf_dir] if pdf_dir else []
+        ctx.require_documents(all_doc_ids(qs), folders, _missing_message("--pdf-dir", folders))
         refuse_pages_beyond_documents(queries, qs, ctx.engine)
         reranker.attach_backend(ctx.engine.backend)  # a features model reads each page with its document
         pools, stage_names = [], []

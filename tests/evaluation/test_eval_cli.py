@@ -453,3 +453,126 @@ def test_eval_warns_when_a_reranker_fell_back_to_the_first_stage_order(env, monk
     assert warnings == [f"warning: bm25+llm fell back to the bm25 order on {len(QUERIES)} of {len(QUERIES)} "
                         "queries, which its column scores: LLM not configured: no API key; set "
                         "EVIDENTIA_LLM_API_KEY (or OPENAI_API_KEY)"]
+
+
+# --------------------------------------------------------------------------- document ids of --pdf-dir
+
+
+ACCENTED = "Rapport durabilité 2023 (Société Générale des Eaux).pdf"
+
+
+def test_pdf_dir_finds_a_pdf_by_the_id_index_gives_it(env):
+    """A query names a document by its id, the file name as `evidentia index` and uploads
+    make it (accents dropped, other runs '-'); eval looked for <doc_id>.pdf and failed."""
+    from evidentia.store import document_id_for
+
+    tmp, pdfs, _ = env
+    write_pdf(pdfs / ACCENTED, ALPHA)
+    doc_id = document_id_for(ACCENTED)
+    assert doc_id == "Rapport-durabilite-2023-Societe-Generale-des-Eaux"
+    queries = tmp / "accented.jsonl"
+    queries.write_text(json.dumps({**QUERIES[0], "doc_id": doc_id}) + "\n")
+    result = invoke("--queries", queries, "--pdf-dir", pdfs, "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["configs"]["bm25"]["P@1"] is not None
+    assert "1 document(s)" in result.stderr  # that file only
+    docs = CliRunner().invoke(app, ["docs"]).stdout
+    assert f"default\t{doc_id}\t{len(ALPHA)}\t" in docs
+
+
+def test_a_query_naming_a_file_by_its_name_is_told_the_files_id(env):
+    """A query naming 'Nachhaltigkeitsbericht_Müller_Größe' (the file's stem, not its id)
+    was indexed under that stem, an id neither `evidentia index` nor the API gives: it is
+    refused, naming the file and its id; a typo is told the closest file."""
+    tmp, pdfs, _ = env
+    write_pdf(pdfs / "Nachhaltigkeitsbericht_Müller_Größe.pdf", ALPHA)
+    queries = tmp / "stem.jsonl"
+    queries.write_text(json.dumps({**QUERIES[0], "doc_id": "Nachhaltigkeitsbericht_Müller_Größe"}) + "\n"
+                       + json.dumps({**QUERIES[3], "doc_id": "betta"}) + "\n")
+    result = invoke("--queries", queries, "--pdf-dir", pdfs)
+    assert result.exit_code == 1, result.output
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1
+    assert errors[0].startswith("error: 2 document id(s) named in the queries are not indexed: "
+                                f"Nachhaltigkeitsbericht_Müller_Größe, betta; {pdfs} has no PDF with those ids")
+    assert (f"Nachhaltigkeitsbericht_Müller_Größe is {pdfs / 'Nachhaltigkeitsbericht_Müller_Größe.pdf'}, whose id "
+            "is Nachhaltigkeitsbericht_Muller_Grosse") in errors[0]
+    assert f"the file closest to betta is {pdfs / 'beta.pdf'}, id beta" in errors[0]
+    assert "Müller" not in CliRunner().invoke(app, ["docs"]).stdout  # nothing indexed under the stem
+
+
+def test_plain_ascii_names_are_found_as_before(env):
+    tmp, pdfs, queries = env
+    (pdfs / "sub").mkdir()
+    write_pdf(pdfs / "sub" / "gamma.v2.pdf", BETA)  # in a subfolder, a dot kept in the id
+    more = tmp / "more.jsonl"
+    more.write_text(queries.read_text() + json.dumps({**QUERIES[3], "id": "g", "doc_id": "gamma.v2"}) + "\n")
+    result = invoke("--queries", more, "--pdf-dir", pdfs)
+    assert result.exit_code == 0, result.output
+    assert "3 document(s)" in result.stderr
+    assert sorted(line.split("\t")[1] for line in CliRunner().invoke(app, ["docs"]).stdout.splitlines()[1:]) == \
+        ["alpha", "beta", "gamma.v2"]
+
+
+# --------------------------------------------------------------------------- the model scored
+
+
+class VersionedProbe(ProbeReranker):
+    name = "vprobe"
+
+    @property
+    def model_version(self) -> str:
+        return "probe-model@2025-01-02+abcdef123456"
+
+
+def test_eval_names_the_model_of_each_reranker_in_every_output(env, probe, monkeypatch):
+    """A promoted model or EVIDENTIA_CLASSIFIER_MODEL changes what `hybrid+classifier`
+    scores; the table, --json and --report said nothing of which model that was."""
+    monkeypatch.setitem(registry._CLASSES, "vprobe", VersionedProbe)
+    tmp, pdfs, queries = env
+    version = "probe-model@2025-01-02+abcdef123456"
+    report = tmp / "report"
+    text = invoke("--queries", queries, "--pdf-dir", pdfs, "--compare", "bm25,vprobe,vprobe@0.3,probe",
+                  "--report", report)
+    assert text.exit_code == 0, text.output
+    assert f"model of bm25+vprobe, bm25+vprobe@0.3: {version}" in text.stdout.splitlines()
+    assert text.stdout.count(version) == 1  # not for bm25, nor for a reranker without a model version
+    page = (report / "index.html").read_text()
+    assert f"model of bm25+vprobe, bm25+vprobe@0.3: {version}" in page and f"model: {version}" in page
+    data = json.loads(invoke("--queries", queries, "--compare", "bm25,vprobe@0.3,probe", "--json").stdout)
+    assert {label: c["model_version"] for label, c in data["configs"].items()} == \
+        {"bm25": None, "bm25+vprobe@0.3": version, "bm25+probe": None}
+
+
+def test_eval_names_the_classifier_model_it_loaded(env, monkeypatch):
+    """The real classifier, from EVIDENTIA_CLASSIFIER_MODEL: its directory names it."""
+    import shutil
+
+    from evidentia.reranker.classifier_model import SHIPPED_MODEL_DIR
+
+    tmp, pdfs, queries = env
+    model = tmp / "my-model"
+    shutil.copytree(SHIPPED_MODEL_DIR, model)
+    monkeypatch.setenv("EVIDENTIA_CLASSIFIER_MODEL", str(model))
+    monkeypatch.setenv("EVIDENTIA_DENSE", "off")
+    result = invoke("--queries", queries, "--pdf-dir", pdfs, "--compare", "bm25+classifier@0.1", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["configs"]["bm25+classifier@0.1"]["model_version"].startswith("my-model@")
+
+
+# --------------------------------------------------------------------------- --reranker and --threshold
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--threshold", "0.1"], "--threshold goes with --reranker (or write it in --compare, e.g. classifier@0.15)"),
+    (["--reranker", "classifier", "--threshold", "1.5"], "--threshold must be between 0 and 1"),
+    (["--reranker", "classifier", "--threshold", "-0.1"], "--threshold must be between 0 and 1"),
+    (["--reranker", "cosine", "--threshold", "0.1"],
+     "--threshold: reranker 'cosine' does not output probabilities, so it takes no threshold"),
+    (["--reranker", "nosuch"], "--reranker: unknown reranker 'nosuch'; choose one of none, llm, classifier, cosine"),
+])
+def test_reranker_and_threshold_errors_name_their_flag(env, args, message):
+    """They said '--compare: …', quoting 'bm25+classifier@1.5', which the user never wrote."""
+    _, _, queries = env
+    result = invoke("--queries", queries, *args)
+    assert result.exit_code == 2 and result.stderr == f"error: {message}\n", result.output

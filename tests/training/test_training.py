@@ -511,6 +511,27 @@ def test_cli_dataset_indexes_missing_documents_with_page_vectors(tmp_path, make_
     assert json.loads(hybrid.stdout)["pages"][0]["page"] == 1
 
 
+def test_cli_dataset_finds_a_pdf_by_its_document_id(tmp_path, make_pdf):
+    """`dataset --pdf-dir` (and `calibrate`, `eval`) find a query's PDF by the id `evidentia
+    index` gives the file; a query naming the file's stem is told that id."""
+    pdfs = make_pdf("Wasser Bericht 2023 (Müller).pdf", ["Total water withdrawal was 4.2 million cubic metres.",
+                                                        "The cafeteria menu changes every week."]).parent
+    queries = tmp_path / "queries.jsonl"
+    query = {"id": "q1", "doc_id": "Wasser-Bericht-2023-Muller", "question": "How much water was withdrawn?",
+             "answer": "4.2 million m3", "relevant_pages": [1]}
+    queries.write_text(json.dumps(query) + "\n")
+    args = ["dataset", "--out", str(tmp_path / "r.jsonl"), "--queries", str(queries), "--pdf-dir", str(pdfs)]
+    made = CliRunner().invoke(app, args, env={"EVIDENTIA_DATA_DIR": str(tmp_path / "data")})
+    assert made.exit_code == 0, made.output
+    queries.write_text(json.dumps({**query, "doc_id": "Wasser Bericht 2023 (Müller)"}) + "\n")
+    refused = CliRunner().invoke(app, args, env={"EVIDENTIA_DATA_DIR": str(tmp_path / "other")})
+    assert refused.exit_code == 1
+    assert refused.stderr == ("error: documents not indexed: Wasser Bericht 2023 (Müller); no PDF of --pdf-dir has "
+                              "those ids (or it failed to index); a query names a PDF by its document id, the file "
+                              f"name as `evidentia index` makes it: Wasser Bericht 2023 (Müller) is "
+                              f"{pdfs / 'Wasser Bericht 2023 (Müller).pdf'}, whose id is Wasser-Bericht-2023-Muller\n")
+
+
 @pytest.mark.parametrize("env_stage, flag, used", [(None, None, "bm25"), ("hybrid", None, "hybrid"),
                                                      ("hybrid", "bm25", "bm25")])
 def test_cli_dataset_takes_negatives_from_the_stage_searches_use(tmp_path, make_pdf, monkeypatch, env_stage, flag,
