@@ -47,7 +47,9 @@ def _matcher(terms: list[str]):
     stems = {_folded(t)[:STEM] for t in terms if not t[:1].isdigit()}
 
     def matches(word: str) -> bool:
-        for tok in tokens(normalise_numbers(word)):
+        # "48.300" is 48300 on a German page, 48.3 on an English one: either reading marks it
+        readings = {normalise_numbers(word), normalise_numbers(word, continental=True)}
+        for tok in (t for reading in readings for t in tokens(reading)):
             if (tok in numbers) if tok[:1].isdigit() else (_folded(tok)[:STEM] in stems):
                 return True
         return False

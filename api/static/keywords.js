@@ -71,7 +71,10 @@ export function matcher(terms) {
   const stems = new Set(terms.filter((t) => !/^\d/.test(t)).map((t) => t.slice(0, STEM)));
   return (raw) => {
     const tok = normalise(raw);
-    return /^\d/.test(tok) ? numbers.has(tok) : stems.has(tok.slice(0, STEM));
+    if (!/^\d/.test(tok)) return stems.has(tok.slice(0, STEM));
+    // "48.300" is 48300 on a German page and 48.3 on an English one: either marks it (the
+    // search reads it as the page's language writes it; the card does not know the language)
+    return numbers.has(tok) || (/^\d{1,3}\.\d{3}$/.test(raw) && numbers.has(raw.replace(".", "")));
   };
 }
 

@@ -474,7 +474,7 @@ def test_keywords_module_in_the_browser(browser, server):
             "Scope 1 emissions in 2023 (tCO2e) were 12,450\\nScope 2 emissions\\n• a bullet");
           const folded = document.createElement('p');
           const nl = m.keywords("Hoeveel procent van de verpakkingen is recyclebaar? Qual é a percentagem de mulheres?");
-          m.appendHighlighted(folded, "Écart salarial : 4 %", m.keywords("ecart salarial"));
+          m.appendHighlighted(folded, "Écart salarial : 4 %, 48.300 Tonnen", m.keywords("ecart salarial 48,300 t"));
           done({terms, n, html: p.innerHTML, marks: [...p.querySelectorAll('mark')].map((x) => x.textContent),
                 eu: m.canonicalNumber("1.577,00"), bullets: bullets.textContent, reflowed, nl,
                 folded: [...folded.querySelectorAll('mark')].map((x) => x.textContent)});
@@ -489,7 +489,7 @@ def test_keywords_module_in_the_browser(browser, server):
     assert result["bullets"] == "• A short-term target • and a medium-term one"
     # Dutch and Portuguese stop words are not marked; a word typed without its accents marks it
     assert result["nl"] == ["procent", "verpakkingen", "recyclebaar", "percentagem", "mulheres"]
-    assert result["folded"] == ["Écart", "salarial"]
+    assert result["folded"] == ["Écart", "salarial", "48.300"]
     # the PDF's line ends inside a sentence read as spaces; headings, a row ending in a figure, bullets kept
     assert result["reflowed"].split("\n") == [
         "Sustainability Committee",
@@ -551,6 +551,17 @@ def test_a_word_typed_without_its_accents_marks_it(tmp_path):
     with pymupdf.open(pdf) as doc:
         assert mark_page(doc.load_page(0), highlight_terms("ecart salarial")) == 2
         assert mark_page(doc.load_page(0), highlight_terms("écart")) == 1
+
+
+
+def test_a_continental_figure_is_marked_for_its_english_writing(tmp_path):
+    pdf = tmp_path / "de.pdf"
+    doc = pymupdf.open()
+    doc.new_page().insert_text((72, 72), "Direkte Emissionen: 48.300 Tonnen CO2e, 12,5 % weniger.", fontname="helv")
+    doc.save(pdf)
+    with pymupdf.open(pdf) as doc:
+        assert mark_page(doc.load_page(0), highlight_terms("48,300 t")) == 1
+        assert mark_page(doc.load_page(0), highlight_terms("48.3")) == 1  # an English reading of it still marks it
 
 
 def test_mark_page_marks_matching_words_only(tmp_path):
