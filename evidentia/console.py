@@ -90,15 +90,16 @@ class Context:
 
     @property
     def embedder(self):
-        try:
-            return self.engine.embedder
-        except ConfigError as exc:
-            raise fail(str(exc))
+        return self._configured("embedder")
 
     @property
     def ocr(self):
+        return self._configured("ocr")
+
+    def _configured(self, part: str):
+        """The engine's ``part``, or one error line where its settings are wrong."""
         try:
-            return self.engine.ocr
+            return getattr(self.engine, part)
         except ConfigError as exc:
             raise fail(str(exc))
 

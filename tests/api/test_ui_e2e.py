@@ -532,34 +532,30 @@ def test_highlight_terms_are_normalised_and_bounded():
     assert highlight_terms(None) == [] and highlight_terms("") == []
 
 
+def one_line_page(tmp_path: Path, text: str) -> Path:
+    """A PDF of one page holding ``text``."""
+    pdf = tmp_path / "line.pdf"
+    doc = pymupdf.open()
+    doc.new_page().insert_text((72, 72), text, fontname="helv")
+    doc.save(pdf)
+    return pdf
+
+
 def test_a_figure_with_a_currency_prefix_marks_the_figure_only(tmp_path):
     assert highlight_terms("US$100 EUR 12,450") == ["100", "eur", "12450"]
-    pdf = tmp_path / "money.pdf"
-    doc = pymupdf.open()
-    doc.new_page().insert_text((72, 72), "Fine of US$100 paid; bonds of US$250 and US$900 issued.")
-    doc.save(pdf)
-    with pymupdf.open(pdf) as doc:
+    with pymupdf.open(one_line_page(tmp_path, "Fine of US$100 paid; bonds of US$250 and US$900 issued.")) as doc:
         assert mark_page(doc.load_page(0), highlight_terms("US$100")) == 1  # "US$100", not the other amounts
 
 
 def test_a_word_typed_without_its_accents_marks_it(tmp_path):
     """Search found "écart" for "ecart" (its analysers fold accents); the marks did not."""
-    pdf = tmp_path / "fr.pdf"
-    doc = pymupdf.open()
-    doc.new_page().insert_text((72, 72), "Écart salarial entre femmes et hommes : 4 %.", fontname="helv")
-    doc.save(pdf)
-    with pymupdf.open(pdf) as doc:
+    with pymupdf.open(one_line_page(tmp_path, "Écart salarial entre femmes et hommes : 4 %.")) as doc:
         assert mark_page(doc.load_page(0), highlight_terms("ecart salarial")) == 2
         assert mark_page(doc.load_page(0), highlight_terms("écart")) == 1
 
 
-
 def test_a_continental_figure_is_marked_for_its_english_writing(tmp_path):
-    pdf = tmp_path / "de.pdf"
-    doc = pymupdf.open()
-    doc.new_page().insert_text((72, 72), "Direkte Emissionen: 48.300 Tonnen CO2e, 12,5 % weniger.", fontname="helv")
-    doc.save(pdf)
-    with pymupdf.open(pdf) as doc:
+    with pymupdf.open(one_line_page(tmp_path, "Direkte Emissionen: 48.300 Tonnen CO2e, 12,5 % weniger.")) as doc:
         assert mark_page(doc.load_page(0), highlight_terms("48,300 t")) == 1
         assert mark_page(doc.load_page(0), highlight_terms("48.3")) == 1  # an English reading of it still marks it
 
