@@ -82,9 +82,19 @@ _SPACE_GROUPED = re.compile(r"(?<![\d.,])\d{1,3}(?: \d{3})+(?![\d]|[.,]\d{3})")
 CONTINENTAL = frozenset(LANGUAGES) - {"en"}
 
 
+_ONE_GROUP = re.compile(r"\d{1,3}[.,]\d{3}")
+
+
 def canonical_number(token: str, continental: bool = False) -> str:
     """One number with separators -> its canonical form (see above); ``continental``:
-    the text is in a CONTINENTAL language, where "48.300" is 48300."""
+    the text is in a CONTINENTAL language, where "48.300" is 48300. There a figure of one
+    group ("48.300", "12,450") is both its readings, "48300 48.3": German prints 48.300 for
+    thousands, a French "12,450" is a decimal, and an English answer copied from either
+    ("1.250 m3" for the German page's 1.250 Kubikmeter) meets the page either way."""
+    if continental and _ONE_GROUP.fullmatch(token):
+        whole, frac = token[:-4], token[-3:]
+        # "2.000" is two thousand: its reading as 2 would meet every "Scope 2"
+        return f"{whole}{frac}" if frac == "000" else f"{whole}{frac} {canonical_number(f'{whole}.{frac}')}"
     if _US_GROUPED.fullmatch(token):
         value = token.replace(",", "")
     elif _EU_GROUPED.fullmatch(token) and (token.count(".") >= 2 or "," in token or continental):

@@ -165,6 +165,15 @@ def test_a_page_s_figures_are_read_as_its_language_writes_them(text, language, t
     assert token in search_text(text, language).split() or token in tokens(search_text(text, language))
 
 
+def test_a_continental_figure_of_one_group_is_both_its_readings():
+    """An English answer copying a German page's "1.250 m3" (read 1.25) met the page before the
+    page was read in German; "12,450" on a French page is a decimal. Both readings, where a
+    figure of one group could be either; "2.000" is not also 2 (it would meet every "Scope 2")."""
+    assert tokens(search_text("Verbrauch: 1.250 Kubikmeter, 2.000 t, 1.577.000 EUR", "de")) == [
+        "verbrauch", "1250", "1.25", "kubikmeter", "2000", "t", "1577000", "eur"]
+    assert tokens(search_text("12,450 accidents par million d'heures", "fr"))[:2] == ["12450", "12.45"]
+
+
 def test_spaced_digit_groups_stay_apart_in_english_and_in_years():
     assert tokens(search_text("Scope 1 450 t in 2022 2023", "en")) == ["scope", "1", "450", "t", "in", "2022", "2023"]
     assert tokens(search_text("En 2022 2023 : 12 450 t", "fr")) == ["en", "2022", "2023", "12450", "t"]
