@@ -174,9 +174,9 @@ class ValidatedPage(BaseModel):
     probability: float | None = Field(None, description="Calibrated relevance probability, if the reranker has one.")
     snippet: str
     earlier_verdicts: list[EarlierVerdict] = Field(default_factory=list, description="Verdicts analysts gave this "
-                                                   "page for the same question and answer in earlier validations "
-                                                   "of this upload of the document: each analyst's latest, latest "
-                                                   "first (at most 5).")
+                                                   "page for the same question and answer (case, spacing and the "
+                                                   "writing of figures aside) in earlier validations, on the same "
+                                                   "page text: each analyst's latest, latest first (at most 5).")
 
 
 class ValidateResponse(BaseModel):

@@ -39,14 +39,15 @@ def main() -> None:
              None, None, "now", json.dumps({"doc": "g1"})) for i in range(validations)])
         c.executemany("INSERT INTO feedback (validation_id, tenant, document_id, page, relevant, analyst, page_text, "
                       "created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", [
-                          (f"v{i}", "t", "doc", (i * 7 + p) % args.pages + 1, p % 2, f"analyst{i % 3}", "text", "now")
+                          (f"v{i}", "t", "doc", (i * 7 + p) % args.pages + 1, p % 2, f"analyst{i % 3}",
+                           f"text of page {(i * 7 + p) % args.pages + 1}", "now")
                           for i in range(validations) for p in range(per_validation)])
         c.commit()
         first = 7 * 7 % args.pages + 1  # the pages "question 7"'s first validation judged, and the next ones
-        shown = [("doc", first + p) for p in range(20)]
+        shown = [("doc", first + p, f"text of page {first + p}") for p in range(20)]
         t0 = time.perf_counter()
         for _ in range(args.repeat):
-            found = store.earlier_verdicts("t", "question 7", "answer", shown, {"doc": "g1"})
+            found = store.earlier_verdicts("t", "Question  7", "answer", shown)  # asked alike
         ms = (time.perf_counter() - t0) / args.repeat * 1000
         store.close()
     print(f"{validations * per_validation} verdicts on one document of {args.pages} pages, {args.questions} questions: "

@@ -26,6 +26,8 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePath
 from typing import Any, Iterator, Sequence
 
+from evidentia.text import normalise_numbers
+
 SCHEMA_VERSION = 4  # 2: documents.ocr; 3: attempts and next_* (re-index while serving); 4: validations.generations
 # Columns added after version 1 (ALTER TABLE on open; a version-1 store is upgraded in place).
 # attempts: starts of the current upload's indexing (bounded: a file that kills the server is not
@@ -85,6 +87,12 @@ def document_id_for(filename: str) -> str:
     if cleaned and (lost or len(cleaned) > 128):
         cleaned = f"{cleaned[:119].rstrip('-._')}-{digest}"
     return cleaned or f"document-{digest}"
+
+
+def _wording(text: str) -> str:
+    """A question's or answer's words as search reads them: "12,450 tCO2e" and "12450 tco2e"
+    are asked alike (earlier_verdicts)."""
+    return " ".join(normalise_numbers(text).casefold().split())
 
 
 KEY_PREFIX = "evk_"
@@ -648,36 +656,40 @@ class Store:
         return FeedbackRow(row["id"], row["validation_id"], row["document_id"], row["page"], bool(row["relevant"]),
                            row["analyst"], row["page_text"], row["created"])
 
-    def earlier_verdicts(self, tenant: str, question: str, answer: str, pages: Sequence[tuple[str, int]],
-                         generations: dict[str, str], per_page: int = 5) -> dict[tuple[str, int], list[FeedbackRow]]:
-        """Verdicts given in earlier validations on these (document, page)s for the same
-        question and answer, on the document's upload ``generations`` (another file's page
-        is another page): each analyst's latest, latest first, at most ``per_page``."""
-        wanted = set(pages)
-        docs = sorted({d for d, _ in wanted})
+    def earlier_verdicts(self, tenant: str, question: str, answer: str, pages: Sequence[tuple[str, int, str]],
+                         per_page: int = 5) -> dict[tuple[str, int], list[FeedbackRow]]:
+        """Verdicts given in earlier validations on these (document, page, text)s for the
+        same question and answer (as search reads them: case, spacing and the writing of
+        figures aside), on that very text (the rule `evidentia retrain` applies: a document
+        uploaded again with the same file keeps them, with another file loses them): each
+        analyst's latest, latest first, at most ``per_page``."""
+        texts = {(d, n): text for d, n, text in pages}
+        docs = sorted({d for d, _ in texts})
         if not docs:
             return {}
-        numbers = sorted({n for _, n in wanted})
+        numbers = sorted({n for _, n in texts})
         # the (tenant, document_id, page) index narrows it to the pages shown, before the join
         rows = self._query(
-            "SELECT f.*, v.generations FROM feedback f JOIN validations v USING (validation_id) "
+            "SELECT f.*, v.question, v.answer FROM feedback f JOIN validations v USING (validation_id) "
             f"WHERE f.tenant = ? AND f.document_id IN ({', '.join('?' * len(docs))}) "
-            f"AND f.page IN ({', '.join('?' * len(numbers))}) AND v.question = ? AND v.answer = ?",
-            (tenant, *docs, *numbers, question, answer))
+            f"AND f.page IN ({', '.join('?' * len(numbers))})", (tenant, *docs, *numbers))
         rows.sort(key=lambda r: -r["id"])  # latest first (an ORDER BY id took the tenant's whole index)
+        asked = (_wording(question), _wording(answer))
+        same: dict[str, bool] = {}  # validation id -> asked the same (a validation's verdicts share it)
         out: dict[tuple[str, int], list[FeedbackRow]] = {}
         seen: set[tuple[str, int, str]] = set()
         for r in rows:
             key = (r["document_id"], r["page"])
-            if key not in wanted or (*key, r["analyst"]) in seen or len(out.get(key, ())) >= per_page:
+            if r["page_text"] != texts.get(key) or (*key, r["analyst"]) in seen or len(out.get(key, ())) >= per_page:
                 continue
-            # a validation written before schema version 4 has no generations: not known to be this file's
-            if r["generations"] is None or json.loads(r["generations"]).get(key[0]) != generations.get(key[0]):
+            if r["validation_id"] not in same:
+                same[r["validation_id"]] = (_wording(r["question"]), _wording(r["answer"])) == asked
+            if not same[r["validation_id"]]:
                 continue
             seen.add((*key, r["analyst"]))
             out.setdefault(key, []).append(FeedbackRow(r["id"], r["validation_id"], r["document_id"], r["page"],
                                                        bool(r["relevant"]), r["analyst"], "", r["created"],
-                                                       question, answer))
+                                                       r["question"], r["answer"]))
         return out
 
     def iter_feedback(self, tenant: str, batch: int = 500) -> Iterator[FeedbackRow]:

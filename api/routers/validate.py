@@ -174,11 +174,10 @@ async def validate(body: ValidateRequest, request: Request, caller: Caller = Dep
     if reranker.takes_deadline:
         result = await _rerank_awaited(services, request, reranker, result, until)
 
-    generations = {d: rows[d].generation for d in document_ids}
     shown = [(split_internal_id(p.doc_id)[1], p.page) for p in result.pages]
     # so that a question validated again shows what the analysts said last time
     earlier = await run_in_threadpool(services.store.earlier_verdicts, caller.tenant, result.query.question,
-                                      result.query.answer, shown, generations)
+                                      result.query.answer, [(d, n, p.text) for (d, n), p in zip(shown, result.pages)])
     pages = [
         ValidatedPage(document_id=doc, page=p.page, score=round(p.score, 6),
                       probability=None if p.probability is None else round(p.probability, 6), snippet=p.snippet,
@@ -198,7 +197,7 @@ async def validate(body: ValidateRequest, request: Request, caller: Caller = Dep
                for p in pages],
         model_version=version, fallback_reason=fallback_reason, created=now(),
         # the versions read before the search: feedback on a version re-indexed since is refused
-        generations=generations,
+        generations={d: rows[d].generation for d in document_ids},
     )
     await run_in_threadpool(services.store.add_validation, validation)
     m = services.metrics

@@ -194,7 +194,7 @@ def test_feedback_again_replaces_the_judgement(client, sample_pdf):
     assert [json.loads(x)["relevance"] for x in lines] == [0]
 
 
-def test_a_question_validated_again_shows_the_earlier_verdicts(client, sample_pdf):
+def test_a_question_validated_again_shows_the_earlier_verdicts(client, sample_pdf, tmp_path):
     """Each analyst's latest verdict on a page, for the same question and answer, on the same
     upload: asked again, the page does not look unjudged; another question, another answer or
     a new upload of the document is another matter."""
@@ -222,8 +222,15 @@ def test_a_question_validated_again_shows_the_earlier_verdicts(client, sample_pd
     assert seen[2] == [(False, "ann"), (False, None), (False, "bob")]
     assert all(v == [] for page, v in seen.items() if page != 2)
     assert all(v == [] for v in earlier(answer="another answer").values())
-    # a new upload of the document: its pages are another file's
+    # asked alike, as search reads it: case, spacing and the writing of a figure aside
+    assert earlier(question=SAMPLE_QUESTION.upper() + "  ", answer=SAMPLE_ANSWER.replace("12450", "12,450"))[2] == \
+        seen[2]
+    # the same file uploaded again: the same pages (retrain learns from them too)
     ready_document(client, h, sample_pdf)
+    assert earlier()[2] == seen[2]
+    # another file under the id: its pages are another file's
+    ready_document(client, h, write_pdf(tmp_path / "acme-2023.pdf", [f"Page {i}: greenhouse gas emissions 12450."
+                                                                     for i in range(1, 4)]))
     assert all(v == [] for v in earlier().values())
 
 
