@@ -186,13 +186,27 @@ def _unknown_documents_message(library, tenant: str, unknown: list[str]) -> str:
     rest = [d for d in unknown if not why[d] and d not in covered]
     if rest:
         parts.append(f"{UnknownDocumentError(rest)}; `evidentia docs` lists the indexed ones")
-        # a file's name typed for its id ("Rapport durabilité 2023.pdf"): name the id it has
-        from evidentia.store import document_id_for
-
-        held = {d.document_id for d in library.documents() if d.tenant == tenant}
-        parts += [f"{d!r} is a file's name: its document id is {document_id_for(d)}"
-                  for d in rest if document_id_for(d) != d and document_id_for(d) in held]
+        parts += _file_name_hints(library, tenant, rest)
     return "; ".join(parts)
+
+
+def _file_name_hints(library, tenant: str, names: list[str]) -> list[str]:
+    """For a file's name typed for its id ("Rapport durabilité 2023.pdf"), the id it has, and
+    the tenant to name where another tenant holds it."""
+    from evidentia.store import document_id_for
+
+    owners: dict[str, list[str]] = {}
+    for d in library.documents():
+        owners.setdefault(d.document_id, []).append(d.tenant)
+    hints = []
+    for name in names:
+        as_id = document_id_for(name)
+        held = owners.get(as_id, [])
+        if as_id == name or not held:
+            continue
+        where = "" if tenant in held else f", in tenant {held[0]}: add --tenant {held[0]}"
+        hints.append(f"{name!r} is a file's name: its document id is {as_id}{where}")
+    return hints
 
 
 def _external(doc_ids) -> list[str]:
@@ -257,8 +271,9 @@ def delete(doc_id: str = typer.Argument(..., help="Document id (as `evidentia do
     tenant = _tenant(library, tenant)
     if not library.delete(tenant, doc_id):
         elsewhere, _ = library.elsewhere(tenant, [doc_id])
-        raise fail(elsewhere or f"unknown document id: {doc_id} (tenant {tenant}); `evidentia docs` lists every "
-                   "tenant's documents", EXIT_BAD_INPUT)
+        raise fail(elsewhere or "; ".join([f"unknown document id: {doc_id} (tenant {tenant}); `evidentia docs` lists "
+                                           "every tenant's documents", *_file_name_hints(library, tenant, [doc_id])]),
+                   EXIT_BAD_INPUT)
     typer.echo(f"deleted {doc_id}")
 
 

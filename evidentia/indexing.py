@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -141,7 +143,8 @@ def likely_pdf(doc_id: str, pdfs: dict[str, Path]) -> tuple[str, Path, bool] | N
 
     as_id = document_id_for(f"{doc_id}.pdf")  # the suffix keeps a dot in the id ("report.v2")
     for key, path in pdfs.items():
-        if path.stem == doc_id or key == as_id:
+        # or its id before a name that lost letters got its hash ("2023" is now "2023-9293ec27")
+        if path.stem == doc_id or key == as_id or re.fullmatch(re.escape(doc_id) + "-[0-9a-f]{8}", key):
             return key, path, True
     folded = {key.casefold(): key for key in pdfs}
     close = difflib.get_close_matches(as_id.casefold(), list(folded), n=1, cutoff=0.8)

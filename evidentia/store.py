@@ -71,8 +71,8 @@ def document_id_for(filename: str) -> str:
     """A file's document id, the same for the CLI and the API: its stem with accents
     dropped (``é`` -> ``e``; ``ß``, ``æ``, ``ø``, ``œ``, ``ł`` written ``ss``, ``ae``,
     ``o``, ``oe``, ``l``), every run of characters other than ASCII letters, digits,
-    ``_``, ``.``, ``-`` turned into one ``-``. A stem that loses letters or digits
-    without an ASCII form (Cyrillic, Greek, CJK) gets ``-`` and 8 hex digits of its
+    ``_``, ``.``, ``-`` turned into one ``-``. A stem that loses letters, digits or
+    symbols without an ASCII form (Cyrillic, Greek, CJK, emoji) gets ``-`` and 8 hex digits of its
     name's hash (``Отчёт_2023.pdf`` is ``2023-`` and those digits; ``文档.pdf``,
     with nothing left, ``document-`` and them); one longer than an id's 128
     characters keeps its first 119 and ``-`` and those 8 digits. Either way two files
@@ -81,8 +81,9 @@ def document_id_for(filename: str) -> str:
     digest = hashlib.sha256(stem.encode("utf-8")).hexdigest()[:8]
     decomposed = unicodedata.normalize("NFKD", stem.translate(_TRANSLITERATED))
     plain = decomposed.encode("ascii", "ignore").decode("ascii")
-    # an accent is a combining mark (category M) after NFKD: dropping it loses nothing that tells names apart
-    lost = any(not ch.isascii() and unicodedata.category(ch)[0] in "LN" for ch in decomposed)
+    # an accent is a combining mark (category M) after NFKD: dropping it loses nothing that tells names apart;
+    # a letter, a digit or a symbol does ("report 🌱" and "report 🌍" were both "report")
+    lost = any(not ch.isascii() and unicodedata.category(ch)[0] in "LNS" for ch in decomposed)
     cleaned = re.sub(r"[^A-Za-z0-9_.-]+", "-", plain).strip("-._")
     if cleaned and (lost or len(cleaned) > 128):
         cleaned = f"{cleaned[:119].rstrip('-._')}-{digest}"

@@ -70,7 +70,7 @@ TESSERACT_MODELS = frozenset("""
     heb hin hrv hun hye iku ind isl ita ita_old jav jpn jpn_vert kan kat kat_old kaz khm kir kmr kor kor_vert lao
     lat lav lit ltz mal mar mkd mlt mon mri msa mya nep nld nor oci ori pan pol por pus que ron rus san sin slk slv
     snd spa spa_old sqi srp srp_latn sun swa swe syr tam tat tel tgk tha tir ton tur uig ukr urd uzb uzb_cyrl vie
-    yid yor""".split())
+    yid yor osd equ""".split())  # osd, equ: orientation and script detection, equations
 INSTALL_HINT = ("to read them, install Tesseract: apt-get install tesseract-ocr tesseract-ocr-eng "
                 "tesseract-ocr-fra tesseract-ocr-deu tesseract-ocr-spa tesseract-ocr-ita tesseract-ocr-por "
                 "tesseract-ocr-nld; EVIDENTIA_OCR=off silences this")

@@ -107,7 +107,7 @@ class ModelRegistry:
             return {"production": None, "models": {}, "events": []}
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise RegistryError(f"{self.root / REGISTRY_FILE} is unreadable ({exc}); restore it from a "
-                                "backup") from None
+                                "backup, or move it away to use the default model") from None
 
     def _write(self, state: dict) -> None:
         tmp = self.root / f".{REGISTRY_FILE}.tmp"

@@ -549,6 +549,12 @@ def test_a_document_of_another_tenant_is_named_with_the_tenant_to_give(cli, cli_
     named = cli("search", "--tenant", "acme", "--doc", "amcor-q4.pdf", "-q", "net sales")
     assert named.exit_code == 1 and error_lines(named.stderr)[0].endswith(
         "'amcor-q4.pdf' is a file's name: its document id is amcor-q4")
+    # ... and where the document is another tenant's, which tenant; `delete` says it too
+    elsewhere = cli("search", "--doc", "amcor-q4.pdf", "-q", "net sales")
+    assert error_lines(elsewhere.stderr)[0].endswith(
+        "'amcor-q4.pdf' is a file's name: its document id is amcor-q4, in tenant acme: add --tenant acme")
+    assert error_lines(cli("delete", "--tenant", "acme", "amcor-q4.pdf").stderr)[0].endswith(
+        "'amcor-q4.pdf' is a file's name: its document id is amcor-q4")
     # several documents of one tenant: one clause, not one each
     several = cli("search", "--doc", "amcor-q4", "--doc", "broken", "-q", "net sales")
     assert error_lines(several.stderr) == ["error: amcor-q4, broken are in tenant acme: add --tenant acme"]

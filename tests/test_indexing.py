@@ -216,6 +216,9 @@ def test_likely_pdf_names_the_file_a_query_means(tmp_path):
     assert likely_pdf("amcor_2023q4_10q", pdfs) == ("AMCOR_2023Q4_10Q", tmp_path / "AMCOR_2023Q4_10Q.pdf", False)
     assert likely_pdf("AMCOR_2023Q4_10K", pdfs)[0] == "AMCOR_2023Q4_10Q"
     assert likely_pdf("tesla-2022", pdfs) is None
+    # a name's id from before it got its hash's digits (README, document ids): surely that file
+    (tmp_path / "Отчёт_2023.pdf").write_bytes(b"%PDF-1.4")
+    assert likely_pdf("2023", pdfs_by_document_id([tmp_path])) == ("2023-9293ec27", tmp_path / "Отчёт_2023.pdf", True)
     assert missing_pdfs_hint(["tesla-2022"], [tmp_path]) == ""
     hint = missing_pdfs_hint(["tesla-2022", "Rapport durabilité 2023"], [tmp_path])
     assert hint == ("; a query names a PDF by its document id, the file name as `evidentia index` makes it: "

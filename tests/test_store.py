@@ -56,4 +56,6 @@ def test_names_that_lose_letters_without_an_ascii_form_get_distinct_ids():
                for i in (russian, greek, chinese_a, chinese_b))
     assert document_id_for("Отчёт_2023.pdf") == russian  # the same name, the same id
     assert document_id_for("Søren_Ørsted.pdf") == "Soren_Orsted" != document_id_for("Sren_rsted.pdf")
+    # symbols too: "report 🌱" and "report 🌍" were both "report"
+    assert len({document_id_for("report 🌱.pdf"), document_id_for("report 🌍.pdf"), document_id_for("report.pdf")}) == 3
     assert len(document_id_for("Отчёт" + "a" * 300 + ".pdf")) == 128

@@ -160,6 +160,7 @@ def models_promote(version: str = typer.Argument(..., help="A registered version
             typer.echo("the default model was already in use: nothing changed")
         else:
             typer.echo(f"the default model is in use (`evidentia models rollback` puts {before.version} back)")
+        _say_override(ctx.settings)
         return
     try:
         before = registry.production()
@@ -173,6 +174,7 @@ def models_promote(version: str = typer.Argument(..., help="A registered version
     if before is not None and before.version == entry.version:
         typer.echo(f"{entry.version} was already in production: nothing changed")
         return
+    _say_override(ctx.settings)
     if "production kept" in entry.note:  # the gate's words when it kept the candidate out
         typer.echo(f"note: the retrain gate had kept it out: {entry.note}", err=True)
     undo = f"`evidentia models rollback` puts {before.version if before else 'the default model'} back"
@@ -191,3 +193,11 @@ def models_rollback():
     except RegistryError as exc:
         raise fail(str(exc), EXIT_BAD_INPUT)
     typer.echo(f"{entry.version} is in production" if entry else "back to the default model")
+    _say_override(ctx.settings)
+
+
+def _say_override(settings) -> None:
+    """Searches read EVIDENTIA_CLASSIFIER_MODEL before the registry (resolve_model_dir)."""
+    if settings.classifier_model:
+        typer.echo(f"note: EVIDENTIA_CLASSIFIER_MODEL={settings.classifier_model} overrides the registry: searches "
+                   "keep using it until it is unset", err=True)

@@ -70,6 +70,19 @@ def _external(doc_ids) -> list[str]:
     return [split_internal_id(d)[1] for d in doc_ids]
 
 
+def _classifier_problem(settings) -> str | None:
+    """Why the classifier's model cannot be loaded (an unreadable registry, a model without
+    its files), in the caller's terms; None when its files are there."""
+    from evidentia.reranker.classifier_model import METADATA_FILE, ModelLoadError
+    from evidentia.reranker.model_registry import resolve_model_dir
+
+    try:
+        model = resolve_model_dir(settings)
+    except ModelLoadError as exc:
+        return without_server_details(str(exc))
+    return None if (model / METADATA_FILE).is_file() else "the classifier's model has no files on this server"
+
+
 @router.get("/v1/validate/options", response_model=ValidateOptions, summary="What POST /v1/validate offers here",
             description="The rerankers (and whether the server can run each), the defaults a request gets and the "
                         "largest `top_k`: what the web page's form offers.", responses=errors(401, 429))
@@ -82,11 +95,14 @@ async def validate_options(caller: Caller = Depends(require_tenant),
         defaults = services.engine.config(stage="bm25")
     rerankers = []
     for name in reranker_names():
-        # the LLM needs an endpoint key (openai's client refuses to start without one, a local server too)
-        missing = name == "llm" and not s.llm_api_key
-        rerankers.append(RerankerOption(name=name, available=not missing, note=(
-            "no LLM is configured on this server (EVIDENTIA_LLM_API_KEY, and EVIDENTIA_LLM_BASE_URL for a local "
-            "one)" if missing else None)))
+        note = None
+        if name == "llm" and not s.llm_api_key:
+            # the LLM needs an endpoint key (openai's client refuses to start without one, a local server too)
+            note = ("no LLM is configured on this server (EVIDENTIA_LLM_API_KEY, and EVIDENTIA_LLM_BASE_URL for a "
+                    "local one)")
+        elif name == "classifier":
+            note = await run_in_threadpool(_classifier_problem, s)
+        rerankers.append(RerankerOption(name=name, available=note is None, note=note))
     return ValidateOptions(rerankers=rerankers, default_reranker=defaults.reranker, stage=defaults.stage,
                            top_k=defaults.pool_size, max_top_k=s.max_top_k, threshold=s.classifier_threshold)
 

@@ -163,7 +163,8 @@ function enterWorkspace(documents) {
   $("question").focus();
 }
 
-const RERANKER_LABELS = { none: "None (first-stage order)", llm: "LLM", classifier: "Classifier" };
+const RERANKER_LABELS = { none: "None (first-stage order)", llm: "LLM", classifier: "Classifier",
+                          cosine: "Cosine (untrained base model)" };
 
 // The form offers what the server can run (an LLM without a configured endpoint fell
 // back on every search) and shows the defaults a request gets.
@@ -176,12 +177,20 @@ async function loadOptions() {
   }
   state.options = options;
   const select = $("reranker");
+  // a reranker the server runs that the form did not list (EVIDENTIA_DEFAULT_RERANKER=cosine
+  // was overridden by the form's "none" on every validation)
+  for (const offered of options.rerankers) {
+    if (![...select.options].some((o) => o.value === offered.name)) {
+      select.append(new Option(RERANKER_LABELS[offered.name] || offered.name, offered.name));
+    }
+  }
   for (const option of select.options) {
     const offered = options.rerankers.find((r) => r.name === option.value);
     if (!offered) continue;
     option.disabled = !offered.available;
     option.title = offered.note || "";
-    option.textContent = RERANKER_LABELS[option.value] + (offered.available ? "" : " (not configured on this server)");
+    option.textContent = (RERANKER_LABELS[option.value] || option.value) +
+      (offered.available ? "" : " (not configured on this server)");
   }
   const fallback = [...select.options].find((o) => !o.disabled);
   if (select.selectedOptions[0] && select.selectedOptions[0].disabled && fallback) select.value = fallback.value;
@@ -397,7 +406,7 @@ function rankedBy(result) {
   return result.stage || "bm25";
 }
 
-const STAGE_SCORES = { bm25: "BM25 score", dense: "similarity", hybrid: "fused rank score" };
+const STAGE_SCORES = { bm25: "BM25 score", dense: "similarity", hybrid: "fused rank score", cosine: "similarity" };
 
 function formatScore(page, result) {
   if (page.probability !== null && page.probability !== undefined) {
@@ -418,6 +427,10 @@ function scoreHelp(result) {
     return "Probability that the page supports the answer: of pages given 0.30, about 30 % do." + t;
   }
   if (by === "llm") return "The LLM kept these pages and put them in this order, best first.";
+  if (by === "cosine") {
+    return "Similarity of the page to the question and answer by the untrained base model. It orders the " +
+      "pages; it is not a probability.";
+  }
   if (by === "hybrid") {
     return "Fused rank score: the page's places in the keyword (BM25) and meaning (dense) searches, " +
       "combined. It orders the pages; it is not a probability.";

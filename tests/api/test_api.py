@@ -107,6 +107,13 @@ def test_validate_options_say_what_the_form_can_offer(own_client, monkeypatch):
     # dense is off in these apps: the default stage a request gets is bm25, as validate answers
     assert {k: options[k] for k in ("default_reranker", "stage", "top_k", "max_top_k", "threshold")} == {
         "default_reranker": "none", "stage": "bm25", "top_k": 15, "max_top_k": 100, "threshold": 0.2}
+    # a classifier whose model cannot be loaded is not offered either (its validations answer 503)
+    registry = c.app.state.services.settings.data_dir / "models"
+    registry.mkdir(parents=True, exist_ok=True)
+    (registry / "registry.json").write_text('{"broken')
+    broken = {r["name"]: r for r in c.get("/v1/validate/options", headers=headers).json()["rerankers"]}["classifier"]
+    assert broken["available"] is False and "unreadable" in broken["note"]
+    assert str(registry) not in broken["note"]  # never a server path
     keyed = own_client(llm_api_key="sk-local")
     llm = [r for r in keyed.get("/v1/validate/options", headers=new_tenant(keyed)).json()["rerankers"]
            if r["name"] == "llm"]

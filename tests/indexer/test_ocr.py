@@ -552,6 +552,8 @@ def test_ocr_languages_tesseract_does_not_know_are_an_error():
         "Tesseract languages (did you mean fra+deu?); installed here: deu, eng, fra", "")
     error, _ = replace(engine, languages="eng+xyz").language_problems()
     assert error.endswith(": xyz is not a Tesseract language; installed here: deu, eng, fra")
+    # Tesseract's own models that are no language: orientation and script detection
+    assert replace(engine, installed=("eng", "osd"), languages="eng+osd").language_problems() == ("", "")
     # a model trained in-house has a name of its own: installed, it is read
     assert replace(engine, installed=("eng", "acme_forms"), languages="eng+acme_forms").language_problems() == ("", "")
     # without Tesseract the name is wrong all the same (and the missing Tesseract said apart); OCR off: not used

@@ -284,6 +284,20 @@ def test_rollback_walks_back_through_every_promotion_to_the_default_model(cli_en
     assert invoke("models", "rollback").stdout.strip() == "v0002 is in production"
 
 
+
+def test_promote_and_rollback_say_when_evidentia_classifier_model_overrides_them(cli_env, tmp_path, monkeypatch):
+    import shutil
+
+    from evidentia.reranker.classifier_model import SHIPPED_MODEL_DIR
+    from evidentia.reranker.model_registry import registry_for
+
+    registry_for(cli_env).register(shutil.copytree(SHIPPED_MODEL_DIR, tmp_path / "candidate"))
+    monkeypatch.setenv("EVIDENTIA_CLASSIFIER_MODEL", str(tmp_path / "mine"))
+    for args in (("promote", "v0001"), ("rollback",), ("promote", "default")):
+        said = invoke("models", *args)
+        assert said.exit_code == 0 and "overrides the registry: searches keep using it" in said.stderr, args
+
+
 def test_rollback_recovers_a_registry_looped_by_the_earlier_rule(cli_env, tmp_path):
     """Events written by the earlier rule (v1, v2, v1 promoted, then rolled back to v2 and to v1):
     the next rollback leaves the loop for the version before v1, the default model."""
@@ -343,4 +357,4 @@ def test_an_unreadable_registry_is_said_not_replaced_by_the_default_model(cli_en
     assert "the model registry" in search.stderr and "is unreadable" in search.stderr
     listed = invoke("models", "list")
     assert listed.exit_code == 1 and "Traceback" not in listed.output
-    assert error_lines(listed.stderr)[0].endswith("restore it from a backup")
+    assert error_lines(listed.stderr)[0].endswith("restore it from a backup, or move it away to use the default model")
