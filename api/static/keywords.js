@@ -26,6 +26,8 @@ os as um uma do da dos das em no na nos nas por para com se ao aos são foi como
 
 // A number with separators, or a run of letters/digits.
 const TOKEN_RE = /\d+(?:[.,]\d+)*|[\p{L}\p{N}]+/gu;
+// What is marked: the same, and a figure grouped by spaces ("12 450", French), one mark
+const MARK_RE = /\d{1,3}(?:[ \u00a0\u202f]\d{3})+(?![\d.,])|\d+(?:[.,]\d+)*|[\p{L}\p{N}]+/gu;
 const STEM = 6;
 
 export function canonicalNumber(token) {
@@ -70,6 +72,10 @@ export function matcher(terms) {
   const numbers = new Set(terms.filter((t) => /^\d/.test(t)));
   const stems = new Set(terms.filter((t) => !/^\d/.test(t)).map((t) => t.slice(0, STEM)));
   return (raw) => {
+    if (/\s/.test(raw)) {  // "12 450": 12450 as the search reads a French page, or either group
+      const parts = raw.split(/\s/);
+      return numbers.has(parts.join("")) || parts.some((part) => numbers.has(part));
+    }
     const tok = normalise(raw);
     if (!/^\d/.test(tok)) return stems.has(tok.slice(0, STEM));
     // "48.300" is 48300 on a German page and 48.3 on an English one: either marks it (the
@@ -95,7 +101,7 @@ export function appendHighlighted(parent, text, terms) {
   let last = 0;
   let marks = 0;
   const doc = parent.ownerDocument;
-  for (const m of (text || "").matchAll(TOKEN_RE)) {
+  for (const m of (text || "").matchAll(MARK_RE)) {
     if (!matches(m[0])) continue;
     if (m.index > last) parent.appendChild(doc.createTextNode(text.slice(last, m.index)));
     const mark = doc.createElement("mark");
