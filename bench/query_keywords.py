@@ -62,7 +62,8 @@ def main() -> None:
                 print(f"keywords: {b['question'][:70]!r} {b['answer'][:30]!r}: {old['keywords']} -> {b['keywords']}")
             if old["language"] != b["language"]:
                 languages += 1
-        print(f"keywords changed: {keywords} of {len(built)}; language changed: {languages} (keywords alone reach BM25)")
+        print(f"keywords changed: {keywords} of {len(built)}; language changed: {languages} "
+              "(keywords alone reach BM25)")
 
 
 if __name__ == "__main__":

@@ -409,7 +409,8 @@ def retrain(verdicts: Sequence[Verdict], base_records: Sequence[TrainingRecord],
     held = sorted(split_internal_id(d)[1] for d in data.held_out_docs)
     named = ", ".join(held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
     log(f"{len(data.train_records)} training records ({len(data.train_queries)} feedback queries); "
-        f"{len(data.held_out_queries)} held-out quer{'y' if len(data.held_out_queries) == 1 else 'ies'}, touching {len(data.held_out_docs)} held-out document(s)"
+        f"{len(data.held_out_queries)} held-out quer{'y' if len(data.held_out_queries) == 1 else 'ies'}, "
+        f"touching {len(data.held_out_docs)} held-out document(s)"
         + (f": {named} (judged on, never trained on)" if held else ""))
     if not data.train_records:
         why = (f"every feedback query ({len(data.held_out_queries)}) is held out for the promotion gate (their "

@@ -473,7 +473,8 @@ def test_keywords_module_in_the_browser(browser, server):
             "the Group's HSEC performance, and the adequacy of its sustain-\\nability framework.\\n" +
             "Scope 1 emissions in 2023 (tCO2e) were 12,450\\nScope 2 emissions\\n• a bullet");
           const folded = document.createElement('p');
-          const nl = m.keywords("Hoeveel procent van de verpakkingen is recyclebaar? Qual é a percentagem de mulheres?");
+          const nl = m.keywords("Hoeveel procent van de verpakkingen is recyclebaar? " +
+                                "Qual é a percentagem de mulheres?");
           m.appendHighlighted(folded, "Écart salarial : 4 %, 48.300 Tonnen, 12 450 tCO2e, Scope 1 450",
                               m.keywords("ecart salarial 48,300 t 12,450 450"));
           done({terms, n, html: p.innerHTML, marks: [...p.querySelectorAll('mark')].map((x) => x.textContent),

@@ -280,7 +280,8 @@ def test_rollback_walks_back_through_every_promotion_to_the_default_model(cli_en
     assert chosen.exit_code == 0, chosen.output
     assert chosen.stdout.strip() == "the default model is in use (`evidentia models rollback` puts v0002 back)"
     assert invoke("models", "list").stdout.splitlines()[-1].startswith("* default  relevance-features")
-    assert invoke("models", "promote", "default").stdout.strip() == "the default model was already in use: nothing changed"
+    again = invoke("models", "promote", "default")
+    assert again.stdout.strip() == "the default model was already in use: nothing changed"
     assert invoke("models", "rollback").stdout.strip() == "v0002 is in production"
 
 
