@@ -14,8 +14,7 @@ from evidentia.api.deps import Caller, deadline, get_services, require_backend, 
 from evidentia.api.errors import ApiError, backend_unavailable, bounded_echo, errors, without_server_details
 from evidentia.tenants import internal_id, split_internal_id
 from evidentia.api.routers.documents import not_ready_message
-from evidentia.api.schemas import (EarlierVerdict, ErrorResponse, RerankerOption, ValidatedPage,
-                                   ValidateOptions,
+from evidentia.api.schemas import (EarlierVerdict, ErrorResponse, RerankerOption, ValidatedPage, ValidateOptions,
                                    ValidateRequest, ValidateResponse)
 from evidentia.api.services import Services
 from evidentia.config import ConfigError
