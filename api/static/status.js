@@ -21,7 +21,10 @@ export function documentStatus(d) {
   // OCR takes seconds a page: a scan shows how far it has gone (ocr_pages_left counts
   // the pages Tesseract has still to read: not the blank ones, nor short text pages)
   if (p && p.ocr_pages_left) {
-    return `reading scans by OCR: ${p.ocr_pages} read, ${p.ocr_pages_left} to go (${p.pages_total} pages)…`;
+    // "read" counts pages OCR turned into text: after a scan that held none, "0 read, 1 to go"
+    // read as if nothing had happened, so a count of 0 is not said
+    const read = p.ocr_pages ? `${p.ocr_pages} read, ` : "";
+    return `reading scans by OCR: ${read}${p.ocr_pages_left} to go (${p.pages_total} pages)…`;
   }
   if (p && !p.pages_total) return `reading scans by OCR: ${p.ocr_pages} pages…`;
   if (p) return `indexing ${p.pages_done} / ${p.pages_total} pages…`;

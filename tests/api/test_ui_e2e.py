@@ -519,7 +519,7 @@ def test_a_document_line_says_how_far_indexing_has_gone(browser, server):
         ].map(m.documentStatus))).catch((e) => done([String(e)]));
     """)
     assert lines == ["waiting to be indexed…",
-                     "reading scans by OCR: 0 read, 40 to go (40 pages)…",
+                     "reading scans by OCR: 40 to go (40 pages)…",
                      "reading scans by OCR: 12 read, 27 to go (40 pages)…",
                      "indexing 0 / 40 pages…", "indexing 25 / 40 pages…", "indexing 120 / 300 pages…",
                      "indexing…",
