@@ -280,6 +280,7 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
     if not records:
         raise FeatureModelError("no training records")
     t0 = time.perf_counter()
+    given = len(records)
     if answerless_copies:
         # analysts sometimes ask without an answer: each record also trains without it
         records = list(records) + [replace(r, answer="") for r in records if r.answer.strip()]
@@ -309,7 +310,10 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
     stats = TermStatistics.from_texts(sorted(texts))
     embedder = embedder or PageEmbedder(base_model, **embedding_windows())
     extractor = FeatureExtractor(embedder, stats)
-    log(f"features of {len(records)} records ({len(texts)} distinct pages)...")
+    # said, or the records counted here ("records" in the metrics) read as twice those given
+    copies = (f": {given} given, {len(records) - given} copies (asked without the answer, or without the "
+              "company's name)")
+    log(f"features of {len(records)} records{copies if len(records) > given else ''} ({len(texts)} distinct pages)...")
     vectors = documents = None
     if backend is not None:
         from evidentia.reranker.features import stored_document_source, stored_vector_source

@@ -251,6 +251,8 @@ def test_retrain_twice_on_the_same_verdicts_registers_one_version(exported, tmp_
     args = ("retrain", "--feedback", exported, "--tenant", "acme", "--base-data", base)
     first = invoke(*args)
     assert first.exit_code == 0 and first.stdout.startswith("v0001: not promoted"), first.output
+    # the records the features model counts are said to hold copies of those given
+    assert "features of 4 records: 2 given, 2 copies (asked without the answer" in first.stderr
     again = invoke(*args, "--json")
     assert again.exit_code == 0, again.output
     said = json.loads(again.stdout)
