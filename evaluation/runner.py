@@ -19,6 +19,7 @@ from evidentia.engine import Engine, RunConfig, SearchResult, parse_config
 from evidentia.evaluation import metrics
 from evidentia.evaluation.queries import EvalQuery, category_fields, category_of
 from evidentia.records import Candidate, RankedPage
+from evidentia.text import listed
 
 # Thresholds of the sweep: 0, 0.05, ..., 0.9.
 SWEEP_THRESHOLDS = tuple(round(i * 0.05, 2) for i in range(19))
@@ -93,7 +94,7 @@ def pages_beyond_documents(queries: Sequence[EvalQuery], engine: Engine) -> Opti
                                     f"{counts[doc_id]} page(s)")
     if not problems:
         return None
-    shown = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
+    shown = listed(problems, 3, "; ")
     return (f"{shown}: pages are 1-based, as a PDF viewer numbers them; correct the page numbers, or the doc_id "
             "if the query names the wrong document")
 

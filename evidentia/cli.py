@@ -11,6 +11,7 @@ import typer
 
 from evidentia.config import ConfigError, declared_default
 from evidentia.console import EXIT_BACKEND, EXIT_BAD_INPUT, EXIT_FALLBACK, Context, fail, quiet_libraries
+from evidentia.text import listed
 
 # rich_markup_mode=None: plain help, so flags read as `--json`, not `--json <bool>`
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
@@ -75,7 +76,7 @@ def _index(ctx: Context, paths: list[Path], tenant: Optional[str] = None, kept: 
     # a file's id is its name's (README): a document of the same id indexed before is replaced
     replaced = [i for i in (split_internal_id(d)[1] for d in summary.doc_ids) if i in before]
     if replaced:
-        shown = ", ".join(replaced[:10]) + (f" and {len(replaced) - 10} more" if len(replaced) > 10 else "")
+        shown = listed(replaced)
         typer.echo(f"replaced {len(replaced)} document(s) indexed before under the same id: {shown}", err=True)
     if summary.documents and kept:
         typer.echo(f"tenant {tenant}: `evidentia docs --tenant {tenant}` lists them; an API key of this tenant "

@@ -14,6 +14,7 @@ import typer
 
 from evidentia.config import ConfigError, Settings
 from evidentia.engine import Engine, RunConfig, RunConfigError
+from evidentia.text import listed
 
 EXIT_BAD_INPUT = 1
 EXIT_USAGE = 2
@@ -146,7 +147,7 @@ class Context:
             library.close()
         if not elsewhere:
             return ""
-        shown = ", ".join(elsewhere[:5]) + (f" and {len(elsewhere) - 5} more" if len(elsewhere) > 5 else "")
+        shown = listed(elsewhere, 5)
         return (f" ({shown}: another tenant's upload; labelled queries read the documents of the tenant 'default', so "
                 "index those PDFs for it too)")
 

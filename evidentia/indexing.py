@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -18,6 +17,7 @@ from evidentia.records import Document
 from evidentia.retriever.base import SearchBackend
 from evidentia.store import document_id_for
 from evidentia.tenants import split_internal_id
+from evidentia.text import listed
 
 if TYPE_CHECKING:  # pragma: no cover
     from evidentia.retriever.dense import PageEmbedder
@@ -166,9 +166,8 @@ def missing_pdfs_hint(missing: Sequence[str], folders: Sequence[Path], limit: in
                      else f"the file closest to {doc_id} is {path}, id {key}")
     if not hints:
         return ""
-    more = f"; and {len(hints) - limit} more" if len(hints) > limit else ""
     return ("; a query names a PDF by its document id, the file name as `evidentia index` makes it: "
-            + "; ".join(hints[:limit]) + more)
+            + listed(hints, limit, "; "))
 
 
 def embed_document(document: Document, embedder: "PageEmbedder | None",

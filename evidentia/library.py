@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Sequence
 from evidentia.engine import Engine
 from evidentia.store import TENANT_RE, Store, document_id_for, store_path, uploads_dir
 from evidentia.tenants import DEFAULT_TENANT, internal_id, split_internal_id
+from evidentia.text import listed
 
 if TYPE_CHECKING:  # pragma: no cover - evidentia.indexing imports PyMuPDF (and, through it, onnxruntime):
     from evidentia.indexing import IndexSummary  # a search must not pay for that
@@ -160,7 +161,7 @@ class Library:
             by_owners.setdefault(tuple(owners[document_id]), []).append(document_id)
         parts = []
         for found, ids in by_owners.items():
-            named = ", ".join(ids[:10]) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
+            named = listed(ids)
             verb = "is" if len(ids) == 1 else "are"
             parts.append(f"{named} {verb} in tenant {found[0]}: add --tenant {found[0]}" if len(found) == 1 else
                          f"{named} {verb} in tenants {', '.join(found)}: add --tenant with one of them")

@@ -80,9 +80,7 @@ _SPACE_GROUPED = re.compile(r"(?<![\d.,])\d{1,3}(?: \d{3})+(?![\d]|[.,]\d{3})")
 # Dutch and Portuguese reports put a dot between thousands; one group alone ("48.300
 # Tonnen") read as 48.3 never met an answer's "48,300".
 CONTINENTAL = frozenset(LANGUAGES) - {"en"}
-
-
-_ONE_GROUP = re.compile(r"\d{1,3}[.,]\d{3}")
+_ONE_GROUP = re.compile(r"\d{1,3}[.,]\d{3}")  # "48.300", "12,450": a figure whose reading is the language's
 
 
 def canonical_number(token: str, continental: bool = False) -> str:
@@ -97,7 +95,7 @@ def canonical_number(token: str, continental: bool = False) -> str:
         return f"{whole}{frac}" if frac == "000" else f"{whole}{frac} {canonical_number(f'{whole}.{frac}')}"
     if _US_GROUPED.fullmatch(token):
         value = token.replace(",", "")
-    elif _EU_GROUPED.fullmatch(token) and (token.count(".") >= 2 or "," in token or continental):
+    elif _EU_GROUPED.fullmatch(token) and (token.count(".") >= 2 or "," in token):
         value = token.replace(".", "").replace(",", ".")
     elif _SIMPLE_DECIMAL.fullmatch(token):
         # "1,577" is a thousands group (three digits after one comma); "12,5" a decimal comma
@@ -157,6 +155,17 @@ def keywords(text: str, language: str | None, english_stops: bool = True, contin
             continue
         seen.setdefault(tok, None)
     return list(seen)
+
+
+def listed(items, limit: int = 10, sep: str = ", ") -> str:
+    """The first ``limit`` of ``items`` for a message, the rest counted: "a, b and 3 more"
+    (``sep`` "; ": "a; b; and 3 more")."""
+    items = list(items)
+    head = sep.join(items[:limit])
+    if len(items) <= limit:
+        return head
+    joint = " and" if sep == ", " else f"{sep.rstrip()} and"
+    return f"{head}{joint} {len(items) - limit} more"
 
 
 # JSON leaves these raw with ensure_ascii=False, and a reader that splits lines the

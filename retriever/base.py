@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 from typing import Iterable, Mapping, Sequence
 
 from evidentia.records import Candidate, Document, DocumentInfo, Page, PageVectors
-from evidentia.text import LANGUAGES, search_text
+from evidentia.text import LANGUAGES, listed, search_text
 
 
 class BackendError(RuntimeError):
@@ -36,7 +36,7 @@ class MissingVectorsError(BackendError):
     def __init__(self, doc_ids: Sequence[str], tenant: str | None = None):
         """``tenant``: the documents' tenant, named in the command that embeds them."""
         self.doc_ids = list(doc_ids)
-        shown = ", ".join(self.doc_ids[:10]) + (f" and {len(self.doc_ids) - 10} more" if len(self.doc_ids) > 10 else "")
+        shown = listed(self.doc_ids)
         super().__init__(
             f"no page embeddings for document(s) {shown}: they were indexed with EVIDENTIA_DENSE=off "
             f"(or before dense retrieval existed), so the dense and hybrid stages cannot search them; "

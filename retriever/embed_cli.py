@@ -17,6 +17,8 @@ from typing import List, Optional, Sequence
 
 import typer
 
+from evidentia.text import listed
+
 # Documents are embedded together until this many pages: windows of small
 # documents share batches, and a crash loses at most one group's work.
 GROUP_PAGES = 256
@@ -26,7 +28,7 @@ def missing_vectors_note(document_ids: Sequence[str], tenant: str | None = None)
     """What the CLI says when the default stage searched documents without vectors with bm25."""
     from evidentia.retriever.base import embed_command_line
 
-    shown = ", ".join(document_ids[:5]) + (f" and {len(document_ids) - 5} more" if len(document_ids) > 5 else "")
+    shown = listed(document_ids, 5)
     return (f"searched with bm25: no page embeddings for {shown} (indexed with EVIDENTIA_DENSE=off or before "
             f"dense retrieval); `{embed_command_line(document_ids[:5], tenant)}` adds them from the indexed text, then "
             f"searches use the hybrid stage")

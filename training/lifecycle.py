@@ -14,6 +14,7 @@ from evidentia.tenants import DEFAULT_TENANT, internal_id, split_internal_id
 from evidentia.training.dataset import TrainingRecord, read_records
 from evidentia.training.retrain import RetrainResult, Verdict, retrain
 from evidentia.training.train import TrainingError, TrainParams
+from evidentia.text import listed
 
 if TYPE_CHECKING:  # pragma: no cover
     from evidentia.engine import Engine
@@ -72,7 +73,7 @@ def verdicts_from_records(records: Sequence[TrainingRecord], tenant: str = DEFAU
 def missing_documents_message(library, tenant: str, missing: Sequence[str], source: str) -> str:
     """One line on documents of ``source`` (a flag) that ``tenant`` does not hold: the
     tenant searched, another that holds them, and how to name it."""
-    shown = ", ".join(missing[:10]) + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
+    shown = listed(missing)
     elsewhere, _ = library.elsewhere(tenant, list(missing))
     head = f"{len(missing)} document(s) named in {source} are not in tenant {tenant}: {shown}"
     if elsewhere:
@@ -92,7 +93,7 @@ def indexed_verdicts(engine: "Engine", verdicts: Sequence[Verdict], log: Callabl
     kept = [v for v in verdicts if v.doc_id not in missing]
     if missing:
         log(f"warning: skipped {len(verdicts) - len(kept)} verdict(s) on {len(missing)} document(s) no longer in "
-            f"the index: {_shown(sorted(missing))}")
+            f"the index: {listed(sorted(missing))}")
     changed: dict[tuple[str, int], bool] = {}
     for v in kept:
         if v.page_text is not None and (v.doc_id, v.page) not in changed:
@@ -102,13 +103,9 @@ def indexed_verdicts(engine: "Engine", verdicts: Sequence[Verdict], log: Callabl
     if stale:
         docs = sorted({split_internal_id(v.doc_id)[1] for v in stale})
         log(f"warning: skipped {len(stale)} verdict(s) on pages whose text changed since they were judged (uploaded "
-            f"again with other content: {_shown(docs)}); validate those documents again to judge their pages")
+            f"again with other content: {listed(docs)}); validate those documents again to judge their pages")
         kept = [v for v in kept if not (v.page_text is not None and changed[(v.doc_id, v.page)])]
     return kept
-
-
-def _shown(names: Sequence[str]) -> str:
-    return ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
 
 
 def run_retrain(engine: "Engine", verdicts: Sequence[Verdict], base_data: Path | None,

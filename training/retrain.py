@@ -40,6 +40,7 @@ from evidentia.training.dataset import (TrainingRecord, dedupe, first_stage_pool
 from evidentia.reranker.model_registry import ModelEntry, ModelRegistry
 from evidentia.tenants import split_internal_id
 from evidentia.training.train import TrainingError, TrainParams, train
+from evidentia.text import listed
 
 if TYPE_CHECKING:  # pragma: no cover
     from evidentia.engine import Engine
@@ -407,7 +408,7 @@ def retrain(verdicts: Sequence[Verdict], base_records: Sequence[TrainingRecord],
     data = build_training_set(verdicts, base_records, engine, held_out_fraction, seed=seed, stage=stage)
     # named: their verdicts judge candidates and never train one (the same documents every round)
     held = sorted(split_internal_id(d)[1] for d in data.held_out_docs)
-    named = ", ".join(held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
+    named = listed(held, 5)
     log(f"{len(data.train_records)} training records ({len(data.train_queries)} feedback queries); "
         f"{len(data.held_out_queries)} held-out quer{'y' if len(data.held_out_queries) == 1 else 'ies'}, "
         f"touching {len(data.held_out_docs)} held-out document(s)"
