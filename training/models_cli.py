@@ -125,7 +125,8 @@ def models_list(as_json: bool = typer.Option(False, "--json")):
     for e in entries:
         held = e.metrics.get("held_out") or {}
         typer.echo(f"{'*' if e.production and not override else ' '} {e.version}  {e.created}  "
-                   f"{_base_label(e.path)}={e.base_model}  data={e.data_sha256[:12]}  P@1={held.get('P@1')}  P@3={held.get('P@3')}  "
+                   f"{_base_label(e.path)}={e.base_model}  data={e.data_sha256[:12]}  "
+                   f"P@1={held.get('P@1')}  P@3={held.get('P@3')}  "
                    f"ECE={held.get('ECE')}  "
                    f"{e.status}")  # `promoted` stays true after a rollback: the registry's history says more
         then = e.metrics.get("production_on_same_split") or {}
