@@ -198,6 +198,9 @@ class BoundedCall:
                 # the child and whatever it started (Tesseract) that still runs: a cancelled
                 # or timed-out scan's OCR went on for minutes after, re-parented to init
                 _kill_group(process)
+                # nothing is left to cancel: a cancel after this (the server stopping while the
+                # call is still listed as running) met the process closed below, and raised
+                self._process = None
             process.join(5.0)
             if hasattr(process, "close") and not process.is_alive():
                 process.close()

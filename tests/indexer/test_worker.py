@@ -139,6 +139,20 @@ def test_unexpected_errors_in_the_child_never_leak_their_text():
     assert info.value.kind == "invalid" and "/srv" not in str(info.value) and "code=" not in str(info.value)
 
 
+def _returns_at_once() -> int:
+    return 1
+
+
+def test_cancel_after_the_run_ended_does_nothing():
+    """The API's shutdown cancels every call still listed as running; one whose run had
+    just ended (its process closed) raised "process object is closed" from the shutdown."""
+    call = BoundedCall(_returns_at_once, (), timeout_s=10, memory_mb=100, what="extraction",
+                       setting="EVIDENTIA_EXTRACT")
+    assert call.run() == 1
+    call.cancel()  # raised ValueError
+    assert call.cancelled
+
+
 def _reports_slowly(pages: int, pause: float, report=None) -> int:
     for page in range(pages):
         time.sleep(pause)
