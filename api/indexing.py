@@ -44,6 +44,7 @@ from evidentia.indexer.pdf import PdfError
 from evidentia.indexer.worker import BoundedCall, ExtractionLimits, WorkFailed, extraction_call
 from evidentia.indexing import embed_document, ocr_stats
 from evidentia.retriever.base import BackendError
+from evidentia.runtime import release_freed_memory
 from evidentia.tenants import internal_id
 
 if TYPE_CHECKING:
@@ -232,6 +233,10 @@ class IndexingWorker:
 
     def _fail(self, tenant: str, document_id: str, generation: str, reason: str) -> None:
         services = self.services
+        log.info("document %s:%s failed: %s", tenant, document_id, reason)
+        # the reason is the document's, shown to its tenant: a search engine's error names the
+        # index's folder or the cluster's URL
+        reason = without_server_details(reason)
         with services.doc_lock:
             row = services.store.get_document(tenant, document_id)
             if row is None:
@@ -253,7 +258,6 @@ class IndexingWorker:
             else:
                 return
         services.metrics.indexed.labels("failed").inc()
-        log.info("document %s:%s failed: %s", tenant, document_id, reason)
 
     def _extract(self, tenant: str, document_id: str, generation: str, file_path: str):
         """The document, or None after recording why it failed (or when cancelled)."""
@@ -291,6 +295,8 @@ class IndexingWorker:
             self._index_document(tenant, document_id, generation)
         finally:
             self._set_progress(tenant, document_id, None)
+            # the document's text, tokens and vectors, freed now, would stay in this thread's arena
+            release_freed_memory()
 
     def _index_document(self, tenant: str, document_id: str, generation: str) -> None:
         services = self.services

@@ -18,9 +18,23 @@ TextSource = Literal[SOURCES]  # how a page's text was obtained: indexer/ocr.py
 
 
 # Characters that make a short text shown to people say something else than it is: C0/C1
-# controls (NUL, CR, LF, ESC), the Unicode line and paragraph separators, and the bidi
-# controls that reorder what follows them ("\u202egpj.exe" shows as "exe.jpg")
-UNSAFE_TEXT_CHARS = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+# controls (NUL, CR, LF, ESC), the Unicode line and paragraph separators, the bidi
+# controls that reorder what follows them ("\u202egpj.exe" shows as "exe.jpg"), and the
+# invisible ones no script writes with (zero-width space, word joiner, BOM: "ann" and
+# "ann\u200b" were two analysts). ZWJ and ZWNJ stay: Persian and Indic names use them.
+UNSAFE_TEXT_CHARS = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200b\u200e\u200f\u2028\u2029\u202a-\u202e"
+                               "\u2060\u2066-\u2069\ufeff]")
+
+
+def unencodable_text_problem(text: str) -> str | None:
+    """Why a text cannot be stored or searched (a lone UTF-16 surrogate, which JSON's
+    "\\udfff" escape can send and UTF-8 cannot hold), or None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return (f"contains the lone surrogate U+{ord(text[exc.start]):04X} at position {exc.start}; a JSON \\u "
+                "escape of a character beyond U+FFFF must pair a high and a low surrogate")
+    return None
 
 
 def unsafe_text_problem(text: str) -> str | None:
@@ -28,7 +42,7 @@ def unsafe_text_problem(text: str) -> str | None:
     m = UNSAFE_TEXT_CHARS.search(text)
     if m is None:
         return None
-    return (f"contains the control or bidi character U+{ord(m.group()):04X} at position {m.start()}; "
+    return (f"contains the control, bidi or invisible character U+{ord(m.group()):04X} at position {m.start()}; "
             "send plain text on one line")
 
 
@@ -141,6 +155,15 @@ class ValidateRequest(BaseModel):
                                 "`hybrid` need the server to run with EVIDENTIA_DENSE=on (else 422) and documents "
                                 "uploaded while it was on, so that their pages have embeddings (else 409 "
                                 "`missing_vectors`: upload them again, or use `bm25`).", examples=["hybrid"])
+
+    @field_validator("question", "answer")
+    @classmethod
+    def _text_is_encodable(cls, value: str) -> str:
+        # the answer (no other constraint on it) reached the tokenizer and the store: a 500 each
+        problem = unencodable_text_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
 
 
 class RerankerOption(BaseModel):

@@ -22,6 +22,8 @@ BACKENDS = ("embedded", "elasticsearch")
 STAGES = ("bm25", "dense", "hybrid")
 # Where the embedder runs (evidentia/runtime.py, retriever/dense.py).
 RUNTIMES = ("auto", "onnx", "torch")
+LLM_STRUCTURED_OUTPUT_MODES = ("auto", "on", "off")
+LLM_TOKENIZERS = ("auto", "server", "tiktoken", "chars")
 OCR_MODES = ("on", "off", "force")
 PREFIX = "EVIDENTIA_"
 
@@ -154,9 +156,11 @@ class Settings:
     dense_runtime: str = setting("auto", "`auto`: int8 ONNX Runtime on a CPU, torch where a CUDA GPU is present; "
                                  "`onnx` or `torch` to force one (see Speed on a CPU)", parse=choice(*RUNTIMES))
     dense_batch_size: int = setting(32, "windows per encoder batch (at least 128 on a GPU)", parse=positive_int)
-    # Windows of a page (retriever/dense.py says how they were chosen).
-    # 256/32/8, not the cheaper 128/0/4 measured in docs/BENCHMARKS.md section 11: the shipped
-    # relevance model (section 8) was trained on 256/32/8 page vectors and reads them from the index
+    # Windows of a page: 256 tokens, 32 shared, a page's first 2. Not the 128/0/4 that keep
+    # hybrid's R@20 at lower cost (bench/bench_windows.py, docs/BENCHMARKS.md section 11): the
+    # shipped relevance model (section 8) was trained on 256/32/2 page vectors (its metadata's
+    # "embedding") and reads them from the index. Vectors record their windows; the classifier
+    # computes its own for pages indexed with others.
     dense_max_tokens: int = setting(256, "tokens per window (capped at the model's own limit)", parse=positive_int)
     dense_window_overlap: int = setting(32, "tokens shared by neighbouring windows", parse=non_negative_int)
     dense_max_windows: int = setting(2, "windows per page (the page's first tokens): bounds the cost of long pages; "
@@ -198,10 +202,10 @@ class Settings:
                                              "token budget applies", parse=positive_int)
     llm_structured_output: str = setting("auto", "JSON schema for the answer (`response_format`): `auto` (sent; "
                                          "dropped for good on an endpoint that refuses it), `on`, `off`",
-                                         parse=choice("auto", "on", "off"))
+                                         parse=choice(*LLM_STRUCTURED_OUTPUT_MODES))
     llm_tokenizer: str = setting("auto", "token counting for the budget: `server` (llama.cpp's `/tokenize`), "
                                  "`tiktoken`, `chars` (4 a token); `auto`: server when the endpoint has one, else "
-                                 "tiktoken if installed, else chars", parse=choice("auto", "server", "tiktoken", "chars"))
+                                 "tiktoken if installed, else chars", parse=choice(*LLM_TOKENIZERS))
     llm_concurrency: int = setting(8, "LLM reranks talking to the model at once in `evidentia serve` (their own "
                                    "executor, not the API's thread pool); the others queue, their deadline running",
                                    parse=positive_int)

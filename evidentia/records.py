@@ -40,6 +40,9 @@ class PageVectors:
     model: str  # the embedding model's name (``retriever.dense.canonical_model_name``)
     pages: Any  # numpy int32 array (rows,): the page number of each row
     vectors: Any  # numpy float array (rows, dim)
+    # (max_tokens, window_overlap, max_windows) they were made with; None for vectors
+    # indexed before it was recorded
+    windows: tuple[int, int, int] | None = None
 
     @property
     def rows(self) -> int:

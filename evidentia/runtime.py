@@ -70,3 +70,22 @@ def set_torch_threads(threads: int) -> None:
     torch = sys.modules.get("torch")
     if torch is not None and threads > 0 and torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
+
+
+def release_freed_memory() -> bool:
+    """Hand the memory freed since the last call back to the system (glibc's
+    ``malloc_trim``); False where the C library has none (musl, macOS).
+
+    Why: glibc keeps what a thread frees in that thread's arena for reuse, and an
+    indexing worker frees a whole document's text, tokens and vectors at once. A
+    server that indexed eight 400-page documents of 41,000 characters a page (dense
+    off) stayed at 799 MB with them written; trimmed after each document, at 372 MB
+    (docs/BENCHMARKS.md, section 8as)."""
+    import ctypes
+
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (AttributeError, OSError):  # pragma: no cover - not glibc
+        return False
+    trim(0)
+    return True

@@ -48,6 +48,7 @@ from typing import IO, Callable
 
 import pymupdf
 
+from evidentia.config import declared_default
 from evidentia.runtime import usable_cpus
 
 OCR_MODES = ("on", "off", "force")
@@ -59,7 +60,7 @@ TESSERACT_LANGUAGES = {
     "en": "eng", "fr": "fra", "de": "deu", "es": "spa", "it": "ita", "pt": "por", "nl": "nld",
     "sv": "swe", "da": "dan", "no": "nor", "fi": "fin",
 }
-DEFAULT_LANGUAGES = "eng+fra+deu+spa+ita+por+nld"
+DEFAULT_LANGUAGES = declared_default("ocr_languages")
 # Tesseract's language models, as Debian and Ubuntu package them (tesseract-ocr-<name>,
 # "_" written "-"): a name of EVIDENTIA_OCR_LANGUAGES is one of these or a model installed
 # here (one trained in-house has a name of its own); anything else (an ISO code such as
@@ -119,8 +120,8 @@ class OcrEngine:
     command: str = "tesseract"
     tessdata: str | None = None  # TESSDATA_PREFIX for the subprocess; None: Tesseract's own default
     languages: str = DEFAULT_LANGUAGES  # the multi-language run when a page's language is unknown
-    dpi: int = 300
-    timeout_s: float = 60.0
+    dpi: int = declared_default("ocr_dpi")
+    timeout_s: float = declared_default("ocr_timeout_s")
     workers: int = 0  # Tesseract processes at once on a document's pages; 0: one per usable CPU
     available: bool = False  # set by probe(): the command runs and knows at least one language
     installed: tuple[str, ...] = field(default=())  # traineddata names found by probe()
@@ -128,7 +129,8 @@ class OcrEngine:
 
     @classmethod
     def probe(cls, mode: str = "on", command: str = "tesseract", tessdata: str | None = None,
-              languages: str = DEFAULT_LANGUAGES, dpi: int = 300, timeout_s: float = 60.0,
+              languages: str = DEFAULT_LANGUAGES, dpi: int = declared_default("ocr_dpi"),
+              timeout_s: float = declared_default("ocr_timeout_s"),
               workers: int = 0) -> "OcrEngine":
         """The engine with what ``tesseract --list-langs`` says is installed (not run when mode is off)."""
         base = cls(mode=mode, command=command, tessdata=tessdata, languages=languages, dpi=dpi, timeout_s=timeout_s,

@@ -62,6 +62,7 @@ class ClassifierReranker(Reranker):
                 stats = TermStatistics.from_dict(stats) if stats else None
             except (KeyError, TypeError, ValueError, FeatureModelError) as exc:
                 raise ModelLoadError(f"{self.model_dir}: unusable feature model ({exc})") from None
+            # a model whose metadata names no windows was trained before they were recorded, on 256/32/8
             emb = metadata.extra.get("embedding", {})
             windows = {"max_tokens": emb.get("max_tokens", 256), "window_overlap": emb.get("window_overlap", 32),
                        "max_windows": emb.get("max_windows", 8)}
@@ -152,7 +153,7 @@ class ClassifierReranker(Reranker):
             from evidentia.reranker.features import stored_document_source, stored_vector_source
 
             # the document features score the document's other pages from their stored vectors
-            vectors = stored_vector_source(self._backend, self.extractor.embedder.name)
+            vectors = stored_vector_source(self._backend, self.extractor.embedder.name, self.extractor.embedder.window_settings)
             documents = stored_document_source(self._backend)
         return self.extractor.pool_features(question, answer, pages, vector_source=vectors,
                                             document_source=documents)

@@ -39,6 +39,7 @@ same windowing, so both ways give the same numbers.
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import re
 from collections import Counter, OrderedDict
@@ -51,6 +52,8 @@ from evidentia.reranker.query_adapter import QueryAdapter
 from evidentia.reranker.question_memory import MEMORY_FEATURE_NAMES, MemoryMatch, QuestionMemory
 from evidentia.reranker.statements import item_statements, named_statements, titled_statements
 from evidentia.text import keywords, normalise_numbers, stop_words, tokens
+
+log = logging.getLogger("evidentia.reranker.features")
 
 if TYPE_CHECKING:  # pragma: no cover
     from evidentia.records import PageVectors
@@ -471,6 +474,8 @@ def stored_document_source(backend) -> DocumentSource:
             try:
                 document = backend.stored_document(doc_id)
             except Exception:  # a document being replaced, a backend down: the page alone stands for it
+                # logged: the page's document features are then missing, and its probability moves
+                log.warning("cannot read document %s for its pages' document features", doc_id, exc_info=True)
                 document = None
             documents[doc_id] = None if document is None else [(p.page, p.text or "") for p in document.pages]
         return documents[doc_id]
@@ -586,9 +591,14 @@ def query_kind(question: str, answer: str) -> tuple[float, float]:
     return 1.0, min(len((question or "").split()), QUESTION_WORDS_CAP) / 10.0
 
 
-def stored_vector_source(backend, model_name: str) -> PageVectorSource:
+def stored_vector_source(backend, model_name: str, windows: tuple[int, int, int] | None = None) -> PageVectorSource:
     """Window vectors stored at indexing time (``SearchBackend.page_vectors``), when
-    they were made by ``model_name``; None otherwise (the caller computes them)."""
+    they were made by ``model_name`` with ``windows`` (max_tokens, window_overlap,
+    max_windows); None otherwise (the caller computes them). A page's features read
+    its best windows: vectors indexed with other EVIDENTIA_DENSE_* windows than the
+    model was trained on would shift them. A page's windows are its first tokens, so
+    more windows of the same size and overlap hold the wanted ones first: those are
+    taken. Vectors indexed before their windows were recorded are taken as they are."""
     documents: dict[str, PageVectors | None] = {}
 
     def lookup(doc_id: str, page: int, text: str) -> np.ndarray | None:
@@ -596,12 +606,18 @@ def stored_vector_source(backend, model_name: str) -> PageVectorSource:
             try:
                 vectors = backend.page_vectors(doc_id)
             except Exception:  # a document being replaced, a backend down: compute instead
+                log.warning("cannot read the stored vectors of %s: computing them", doc_id, exc_info=True)
                 vectors = None
-            documents[doc_id] = vectors if vectors is not None and vectors.model == model_name else None
+            usable = vectors is not None and vectors.model == model_name and (
+                windows is None or vectors.windows is None
+                or (tuple(vectors.windows[:2]) == tuple(windows[:2]) and vectors.windows[2] >= windows[2]))
+            documents[doc_id] = vectors if usable else None
         vectors = documents[doc_id]
         if vectors is None:
             return None
         rows = np.flatnonzero(np.asarray(vectors.pages) == page)
+        if windows is not None:
+            rows = rows[:windows[2]]
         if len(rows) == 0:
             return None
         return np.asarray(vectors.vectors[rows], dtype=np.float32)

@@ -43,6 +43,7 @@ Failures never raise: after the retries the first-stage order is returned with
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -53,6 +54,7 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, Callable, Sequence
 
+from evidentia.config import LLM_STRUCTURED_OUTPUT_MODES, LLM_TOKENIZERS, declared_default
 from evidentia.records import Candidate, Query, RankedPage
 from evidentia.reranker.base import Reranker, RerankResult, passthrough
 from evidentia.reranker.llm_runtime import Deadline, watchdog
@@ -123,13 +125,17 @@ def strip_page_words(text: str) -> str:
 
 # ---------------------------------------------------------------- token counting
 
-def _make_counter() -> tuple[Callable[[str], int], Callable[[str, int], str]]:
+@functools.cache  # built on first use, so importing this module never loads tiktoken
+def _tokenizer() -> tuple[Callable[[str], int], Callable[[str, int], str]]:
     try:  # tiktoken is optional; its encodings may also be unavailable offline
         import tiktoken
 
         enc = tiktoken.get_encoding("o200k_base")
         enc.encode("probe")
-    except Exception:
+    except Exception as exc:
+        if not isinstance(exc, ImportError):
+            log.warning("tiktoken cannot load o200k_base (%s): prompt tokens are counted as characters / 4", exc)
+
         def count(text: str) -> int:
             return math.ceil(len(text) / 4)
 
@@ -146,15 +152,6 @@ def _make_counter() -> tuple[Callable[[str], int], Callable[[str, int], str]]:
 
     return count_tt, cut_tt
 
-
-_counter: tuple[Callable[[str], int], Callable[[str, int], str]] | None = None
-
-
-def _tokenizer() -> tuple[Callable[[str], int], Callable[[str, int], str]]:
-    global _counter
-    if _counter is None:  # built on first use, so importing this module never loads tiktoken
-        _counter = _make_counter()
-    return _counter
 
 
 def count_tokens(text: str) -> int:
@@ -387,8 +384,8 @@ def mask_secret(text: str, secret: str | None) -> str:
     return _BEARER.sub(lambda m: f"{m.group(1)} {_MASK}", text)
 
 
-STRUCTURED_OUTPUT_MODES = ("auto", "on", "off")
-TOKENIZERS = ("auto", "server", "tiktoken", "chars")
+STRUCTURED_OUTPUT_MODES = LLM_STRUCTURED_OUTPUT_MODES
+TOKENIZERS = LLM_TOKENIZERS
 # Status codes with which a server refuses a request it does not understand (here:
 # ``response_format``); with EVIDENTIA_LLM_STRUCTURED_OUTPUT=auto the plain prompt is
 # tried once more and the endpoint remembered as one without structured output.
@@ -440,12 +437,12 @@ class LLMReranker(Reranker):
 
     def __init__(
         self,
-        model: str = "gpt-4o",
+        model: str = declared_default("llm_model"),
         api_key: str | None = None,
         base_url: str | None = None,
-        timeout_s: float = 60.0,
-        max_retries: int = 4,
-        token_budget: int = 12000,
+        timeout_s: float = declared_default("llm_timeout_s"),
+        max_retries: int = declared_default("llm_max_retries"),
+        token_budget: int = declared_default("llm_token_budget"),
         client: Any = None,
         backoff_base_s: float = 1.0,
         sleep: Callable[[float], None] | None = None,
@@ -603,8 +600,11 @@ class LLMReranker(Reranker):
             info["tokenizer"] = "server"
         elif self._counter is not None:
             info["tokenizer"] = "chars/4"
+        elif _tokenizer_is_tiktoken():
+            info["tokenizer"] = "tiktoken"
         else:
-            info["tokenizer"] = "tiktoken" if _tokenizer_is_tiktoken() else "chars/4"
+            # asked for by name (EVIDENTIA_LLM_TOKENIZER=tiktoken) and not there: say so where the count is shown
+            info["tokenizer"] = "chars/4 (tiktoken is not installed)" if self.tokenizer == "tiktoken" else "chars/4"
 
     def _plan(self, query: str, texts: list[str]) -> list[_Batch]:
         """Batches of consecutive pool positions, each with messages under the budget;

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 import time
 from concurrent.futures import CancelledError as FutureCancelled
@@ -25,6 +26,8 @@ from typing import Awaitable, Callable, Iterator, Sequence
 
 from evidentia.records import Candidate
 from evidentia.reranker.base import RerankResult, passthrough
+
+log = logging.getLogger("evidentia.reranker.llm")
 
 FALLBACK_SUFFIX = "; first-stage order returned"
 
@@ -192,6 +195,7 @@ class LLMRuntime:
                     except (FutureCancelled, asyncio.CancelledError):
                         result = None
                     except Exception as exc:  # a bug must not turn into a 500: fall back, say why
+                        log.error("the LLM reranker failed", exc_info=exc)  # the client sees the type alone
                         return _fallback(candidates, deadline, f"the LLM reranker failed ({type(exc).__name__})")
                     if result is None:
                         return _fallback(candidates, deadline, "no free LLM slot before the deadline "

@@ -133,10 +133,6 @@ class ModelRegistry:
         version = state.get("production")
         return self._entry(version, state["models"][version], state) if version else None
 
-    def production_path(self) -> Path | None:
-        entry = self.production()
-        return entry.path if entry else None
-
     def events(self) -> list[dict]:
         return list(self._read().get("events", []))
 

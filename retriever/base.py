@@ -50,6 +50,7 @@ class VectorModelError(BackendError):
 
     def __init__(self, doc_ids: Sequence[str], indexed_with: str, query_model: str):
         self.doc_ids = list(doc_ids)
+        self.indexed_with, self.query_model = indexed_with, query_model
         super().__init__(
             f"document(s) {', '.join(self.doc_ids[:10])} were embedded with model {indexed_with!r}, but the "
             f"query with {query_model!r} (EVIDENTIA_DENSE_MODEL): set EVIDENTIA_DENSE_MODEL back to "
@@ -76,10 +77,21 @@ def search_fields(page: Page) -> dict[str, str]:
     return fields
 
 
+def stored_windows(vectors_meta: dict) -> tuple[int, int, int] | None:
+    """The windows a record's ``vectors_meta`` says its vectors were made with (None: not recorded)."""
+    windows = vectors_meta.get("windows")
+    return tuple(int(n) for n in windows) if windows else None
+
+
 def vectors_meta(document: Document) -> dict | None:
     """What a document's record says of its page vectors (None without them)."""
     v = document.vectors
-    return None if v is None else {"model": v.model, "dim": v.dim, "rows": v.rows}
+    if v is None:
+        return None
+    meta = {"model": v.model, "dim": v.dim, "rows": v.rows}
+    if v.windows is not None:
+        meta["windows"] = list(v.windows)
+    return meta
 
 
 def document_meta(document: Document, vectors: dict | None = None) -> dict:

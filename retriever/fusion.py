@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Sequence
 
+from evidentia.config import declared_default
 from evidentia.records import Candidate
 
-DEFAULT_K = 60
+DEFAULT_K = declared_default("rrf_k")
 
 
 def rrf(rankings: Sequence[Sequence[Candidate]], weights: Sequence[float] | None = None, k: float = DEFAULT_K,

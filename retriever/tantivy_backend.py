@@ -35,7 +35,7 @@ from tantivy import Filter, Occur, Query, TextAnalyzerBuilder, Tokenizer
 from evidentia.records import Candidate, Document, DocumentInfo, Page, PageVectors
 from evidentia.retriever.base import (BackendError, MissingVectorsError, SearchBackend, UnknownDocumentError,
                                       VectorModelError, NEUTRAL_FIELD, document_meta, info_from_meta, lang_field,
-                                      search_fields, vectors_meta)
+                                      search_fields, stored_windows, vectors_meta)
 from evidentia.retriever.snippet import make_snippet
 from evidentia.text import LANGUAGES
 
@@ -385,7 +385,8 @@ class TantivyBackend(SearchBackend):
         path = self.vectors_dir / name
         try:
             with np.load(path, allow_pickle=False) as data:
-                loaded = PageVectors(model=str(data["model"]), pages=data["pages"], vectors=data["vectors"])
+                loaded = PageVectors(model=str(data["model"]), pages=data["pages"], vectors=data["vectors"],
+                                     windows=stored_windows(vmeta))
         except FileNotFoundError:
             raise FileNotFoundError(name) from None
         except (OSError, ValueError, KeyError) as exc:

@@ -160,6 +160,15 @@ def test_data_flows_one_way_between_layers():
     assert violations == [], "\n".join(violations)
 
 
+def test_training_never_imports_the_api():
+    """Training reads feedback and writes models (the guide's rule), its command-line
+    modules too: the layer check counts those as the CLI's, which may import the API."""
+    graph = import_graph()
+    bad = [f"{module} imports {dep}" for module, deps in sorted(graph.items())
+           if module.startswith("evidentia.training") for dep in sorted(deps) if dep.startswith("evidentia.api")]
+    assert bad == [], "\n".join(bad)
+
+
 def test_the_checker_finds_a_cycle_and_a_layer_violation():
     graph = {"evidentia.retriever.a": {"evidentia.reranker.b"}, "evidentia.reranker.b": {"evidentia.retriever.a"}}
     assert find_cycles(graph) == [["evidentia.reranker.b", "evidentia.retriever.a"]]

@@ -318,7 +318,7 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
     if backend is not None:
         from evidentia.reranker.features import stored_document_source, stored_vector_source
 
-        vectors = stored_vector_source(backend, embedder.name)
+        vectors = stored_vector_source(backend, embedder.name, embedder.window_settings)
         documents = stored_document_source(backend)  # the document features: every page of a record's document
     groups = [r.doc_id or "" for r in records]
     # the memory holds the pages judged for a question in its own documents

@@ -179,11 +179,13 @@ async def validate(body: ValidateRequest, request: Request, caller: Caller = Dep
         raise ApiError(409, "missing_vectors", f"{MissingVectorsError(without, caller.tenant)} (here: upload them "
                        f"again, or send \"stage\": \"bm25\")", {"document_ids": without, "stage": stage}) from None
     except VectorModelError as exc:
-        message = str(exc)
-        for internal, external in zip(exc.doc_ids, _external(exc.doc_ids)):
-            message = message.replace(internal, external)
-        raise ApiError(409, "vector_model_mismatch", f"{message} (here: upload them again)",
-                       {"document_ids": _external(exc.doc_ids), "stage": stage}) from None
+        # the operator's advice (EVIDENTIA_DENSE_MODEL) is not the client's, and a model
+        # directory's name is a path on the server
+        ids = _external(exc.doc_ids)
+        raise ApiError(409, "vector_model_mismatch", f"document(s) {', '.join(ids[:10])} were embedded with model "
+                       f"{without_server_details(exc.indexed_with)!r}, but this server now embeds queries with "
+                       f"{without_server_details(exc.query_model)!r}: upload them again, or send \"stage\": "
+                       f"\"bm25\"", {"document_ids": ids, "stage": stage}) from None
     except BackendError as exc:
         raise backend_unavailable(exc) from None
     if reranker.takes_deadline:

@@ -59,6 +59,19 @@ def test_health_ready_and_metrics(client):
     assert "evidentia_http_request_duration_seconds_bucket" in text
 
 
+def test_a_made_up_method_is_counted_as_other(client):
+    """Every method name a client made up was a new series of /metrics (no key needed):
+    200 names of 2,000 characters took it from 9 KB to 8 MB."""
+    client.request("MADE-UP", "/health")
+    client.get("/metrics")
+    before = len(client.get("/metrics").text)  # with the series of "other" and of /metrics itself
+    for n in range(20):
+        client.request(f"X{n:03d}{'Y' * 500}", "/health")
+    text = client.get("/metrics").text
+    assert "YYYY" not in text and "MADE-UP" not in text and len(text) < before + 200  # the counts' digits
+    assert 'method="other",route="/health"' in text
+
+
 def test_ready_is_503_until_the_default_reranker_loads(own_client, tmp_path, sample_pdf):
     c = own_client(wait=False, default_reranker="classifier", classifier_model=str(tmp_path / "no-such-model"))
     assert c.get("/health").status_code == 200
@@ -767,3 +780,39 @@ def test_openapi_documents_every_endpoint(client):
     assert {"ErrorResponse", "ValidateRequest", "ValidateResponse", "FeedbackRequest", "DocumentOut",
             "KeyCreated"} <= set(schemas)
     assert spec["components"]["securitySchemes"]
+
+
+def test_a_search_engine_error_fails_the_document_without_the_servers_paths(client, sample_pdf, monkeypatch):
+    """The index's folder (or the cluster's URL) in the engine's error came back in the
+    document's `reason`, to the tenant; the server's log keeps it."""
+    import evidentia.api.indexing as api_indexing
+    from evidentia.retriever.base import BackendError
+
+    headers = new_tenant(client)
+    backend = services_of(client).backend
+
+    def broken(document):
+        raise BackendError("cannot write /srv/evidentia/data/index/segment-0001.idx at http://es.internal:9200")
+
+    monkeypatch.setattr(api_indexing, "BACKEND_ATTEMPTS", 1)
+    monkeypatch.setattr(backend, "index_document", broken)
+    assert upload(client, headers, sample_pdf, "broken-engine").status_code == 202
+    doc = wait_indexed(client, headers, "broken-engine")
+    assert doc["status"] == "failed" and doc["reason"].startswith("search engine error: cannot write")
+    assert "/srv/" not in doc["reason"] and "es.internal" not in doc["reason"], doc["reason"]
+
+
+def test_the_worker_gives_back_what_a_document_freed(client, sample_pdf, monkeypatch):
+    """After each document, indexed or failed: the server held 799 MB after eight large
+    uploads, 372 MB with it (docs/BENCHMARKS.md section 8as)."""
+    import evidentia.api.indexing as api_indexing
+
+    calls: list[int] = []
+    monkeypatch.setattr(api_indexing, "release_freed_memory", lambda: calls.append(1) or True)
+    headers = new_tenant(client)
+    assert upload(client, headers, sample_pdf, "trimmed").status_code == 202
+    assert wait_indexed(client, headers, "trimmed")["status"] == "ready"
+    deadline = time.monotonic() + 5
+    while not calls and time.monotonic() < deadline:  # called as the worker leaves the document
+        time.sleep(0.02)
+    assert calls

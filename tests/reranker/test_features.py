@@ -130,7 +130,7 @@ def test_stored_vectors_give_the_same_cosines(embedder):
 
     class Backend:
         def page_vectors(self, doc_id):
-            return PageVectors(vectors.model, vectors.pages, vectors.vectors.astype(np.float16))
+            return PageVectors(vectors.model, vectors.pages, vectors.vectors.astype(np.float16), vectors.windows)
 
     ext = FeatureExtractor(embedder)
     computed = ext.features(QUESTION, ANSWER, [("d", 1, CAPEX)])
@@ -139,6 +139,38 @@ def test_stored_vectors_give_the_same_cosines(embedder):
     np.testing.assert_allclose(computed, stored, atol=2e-3)  # float16 storage
     other_model = stored_vector_source(Backend(), "some/other-model")
     assert other_model("d", 1, CAPEX) is None  # vectors of another model are never mixed in
+    assert vectors.windows == embedder.window_settings
+    same = stored_vector_source(Backend(), embedder.name, embedder.window_settings)
+    assert same("d", 1, CAPEX) is not None
+    # nor windows cut otherwise: a page's best windows would differ
+    other_windows = stored_vector_source(Backend(), embedder.name, (128, 0, 2))
+    assert other_windows("d", 1, CAPEX) is None
+    assert stored_vector_source(Backend(), embedder.name, (256, 32, 4))("d", 1, CAPEX) is None  # too few
+    vectors = PageVectors(vectors.model, vectors.pages, vectors.vectors)  # indexed before windows were recorded
+    assert stored_vector_source(Backend(), embedder.name, (128, 0, 2))("d", 1, CAPEX) is not None
+
+
+def test_stored_vectors_of_more_windows_give_the_first_ones(embedder):
+    """An index built with EVIDENTIA_DENSE_MAX_WINDOWS=4 holds the 2 windows a page's
+    features are read from first: the classifier takes those (on the old code it read
+    all 4, and its probabilities moved)."""
+    from evidentia.records import Page, PageVectors
+
+    text = " ".join([CAPEX, STAFF, CONTENTS] * 12)
+    two = embedder.with_windows(max_windows=2)
+    four = embedder.with_windows(max_windows=4)
+    page = Page("d", 1, text, text, "en", len(text))
+    stored_four, stored_two = four.embed_pages([page]), two.embed_pages([page])
+    assert stored_four.rows == 4 and stored_two.rows == 2
+
+    class Backend:
+        def page_vectors(self, doc_id):
+            return stored_four
+
+    first_two = stored_vector_source(Backend(), embedder.name, two.window_settings)("d", 1, text)
+    np.testing.assert_array_equal(first_two, stored_four.vectors[:2])
+    # the same windows (the int8 encoder's batch moves a vector a little: a cosine of 0.998)
+    assert (first_two * stored_two.vectors).sum(axis=1).min() > 0.99
 
 
 GLOSSARY_PAGE = ("Glossary\nNet zero\nA state in which the greenhouse gas emissions released are balanced by those "

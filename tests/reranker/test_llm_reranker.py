@@ -531,6 +531,13 @@ def test_server_tokenizer_absent_uses_the_estimate(server, sleeps):
     assert result.info["tokenizer"] == "chars/4" and result.fallback_reason is None
 
 
+def test_tiktoken_asked_for_and_missing_is_said(server, sleeps):
+    """EVIDENTIA_LLM_TOKENIZER=tiktoken without tiktoken counted 4 characters a token in silence."""
+    server.push_answer(answer(1))
+    result = make(server, sleeps, tokenizer="tiktoken").rerank(build_query(QUESTION, ANSWER), POOL)
+    assert result.info["tokenizer"] == "chars/4 (tiktoken is not installed)" and result.fallback_reason is None
+
+
 def test_usage_tokens_are_reported(server, sleeps):
     body = completion(answer(1))
     body["usage"] = {"prompt_tokens": 321, "completion_tokens": 9, "total_tokens": 330}

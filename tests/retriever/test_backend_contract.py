@@ -234,15 +234,19 @@ def check_whole_document_and_its_vectors_read_back(backend) -> None:
     """What the classifier reads of a candidate's document: every page, and every
     window vector as float16, the same from every backend."""
     vectors = PageVectors("all-MiniLM-L6-v2", np.array([1, 1, 3], dtype=np.int32),
-                          np.array([[0.6, 0.8], [1.0, 0.0], [0.28, 0.96]], dtype=np.float32))
+                          np.array([[0.6, 0.8], [1.0, 0.0], [0.28, 0.96]], dtype=np.float32), windows=(256, 32, 2))
     pages = (page("v", 1, "Scope 1 emissions"), empty("v", 2), page("v", 3, "Water withdrawal"))
     backend.index_document(Document("v", pages, "v.pdf", vectors=vectors))
     backend.index_document(doc("plain", page("plain", 1, "No vectors here")))
+    # vectors written before their windows were recorded read back without them
+    legacy = PageVectors("all-MiniLM-L6-v2", np.array([1], dtype=np.int32), np.array([[0.6, 0.8]], dtype=np.float32))
+    backend.index_document(Document("old", (page("old", 1, "Scope 2"),), "old.pdf", vectors=legacy))
 
     stored = backend.stored_document("v")
     assert stored.pages == pages and stored.source == "v.pdf"
     read = backend.page_vectors("v")
-    assert read.model == "all-MiniLM-L6-v2"
+    assert read.model == "all-MiniLM-L6-v2" and read.windows == (256, 32, 2)
+    assert backend.page_vectors("old").windows is None
     np.testing.assert_array_equal(read.pages, [1, 1, 3])
     np.testing.assert_array_equal(np.asarray(read.vectors, dtype=np.float16), vectors.vectors.astype(np.float16))
     assert backend.page_vectors("plain") is None
@@ -538,5 +542,5 @@ def test_elasticsearch_reads_a_whole_document_and_its_vectors_in_one_request_eac
     monkeypatch.setattr(es_helpers, "scan", client.scan)
     backend = esb.ElasticsearchBackend("http://es:9200", index="idx", client=client)
     check_whole_document_and_its_vectors_read_back(backend)
-    assert client.scans == 2  # stored_document("v"), page_vectors("v"); "plain" has no vectors to read
+    assert client.scans == 3  # stored_document("v"), page_vectors("v") and ("old"); "plain" has none to read
     assert all("window_vectors" not in f for f in esb._PAGE_FIELDS + esb._PAGE_SOURCE)

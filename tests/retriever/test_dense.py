@@ -161,7 +161,7 @@ def test_a_huge_page_is_tokenized_only_as_far_as_its_windows_reach(embedder, mon
 
 
 def test_progress_reports_every_page_once(embedder):
-    small = embedder.with_windows(batch_size=1, max_tokens=16, window_overlap=0)
+    small = embedder.with_windows(batch_size=1, max_tokens=16, window_overlap=0, max_windows=4)
     pages = (page("d", 1, " ".join(["alpha"] * 40)), empty("d", 2), page("d", 3, "beta gamma"),
              page("d", 4, " ".join(["delta"] * 30)))
     reports: list[int] = []

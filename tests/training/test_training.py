@@ -449,6 +449,18 @@ def test_cli_train_bad_base_model(tmp_path):
     assert "Traceback" not in result.output
 
 
+def test_cli_train_bad_setting_is_one_line(tmp_path, monkeypatch):
+    """The LoRA path read the settings itself and printed ConfigError's traceback."""
+    data = tmp_path / "records.jsonl"
+    write_records(tm.training_records(), data)
+    monkeypatch.setenv("EVIDENTIA_THREADS", "abc")
+    result = CliRunner().invoke(app, ["train", "--data", str(data), "--base-model", str(tmp_path / "no-model"),
+                                      "--out", str(tmp_path / "model")])
+    assert result.exit_code == 2
+    errors = error_lines(result.stderr)
+    assert len(errors) == 1 and "EVIDENTIA_THREADS" in errors[0] and "Traceback" not in result.output
+
+
 def test_cli_dataset_from_climretrieve(tmp_path, passages_dir):
     out = tmp_path / "records.jsonl"
     result = CliRunner().invoke(app, ["dataset", "--out", str(out), "--climretrieve", str(passages_dir)])

@@ -255,7 +255,8 @@ def char_token_estimate(monkeypatch):
     """Pin the 4-characters-a-token estimate, so budgets and batch sizes do not depend on tiktoken."""
     from evidentia.reranker import llm
 
-    monkeypatch.setattr(llm, "_counter", (lambda t: -(-len(t) // 4), lambda t, n: t[: max(0, n) * 4]))
+    estimate = (lambda t: -(-len(t) // 4), lambda t, n: t[: max(0, n) * 4])
+    monkeypatch.setattr(llm, "_tokenizer", lambda: estimate)
 
 
 @pytest.fixture
