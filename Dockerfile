@@ -27,6 +27,9 @@ RUN pip install . \
 USER evidentia
 VOLUME ["/data"]
 EXPOSE 8000
+# ready: the store, the search engine and the default reranker answer (GET /ready)
+HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=5 \
+    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/ready', timeout=3)"]
 
 # One process: the store, the indexing worker and the loaded models are per
 # process; requests are served by threads.

@@ -44,7 +44,24 @@ DESCRIPTIONS = {
     429: "Rate limit of your API key exceeded; retry after Retry-After seconds.",
     503: "Not ready yet, or the search engine / reranker is unavailable.",
     504: "The request took longer than EVIDENTIA_REQUEST_TIMEOUT_S.",
+    507: "The server has no space left to store the upload.",
 }
+
+
+def out_of_space(exc: BaseException) -> bool:
+    """Whether ``exc`` says the server's disk (or quota) is full: a file write's
+    ENOSPC/EDQUOT, or SQLite's "database or disk is full"."""
+    import errno
+    import sqlite3
+
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    return isinstance(exc, sqlite3.OperationalError) and "disk is full" in str(exc)
+
+
+def insufficient_storage() -> ApiError:
+    return ApiError(507, "insufficient_storage", "the server has no space left to store the file; nothing was kept "
+                    "of it: upload it again later")
 
 
 class ApiError(Exception):

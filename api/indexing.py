@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from evidentia.api.errors import without_server_details
+from evidentia.api.errors import out_of_space, without_server_details
 from evidentia.indexer.ocr import OcrBacklog
 from evidentia.indexer.pdf import PdfError
 from evidentia.indexer.worker import BoundedCall, ExtractionLimits, WorkFailed, extraction_call
@@ -120,6 +120,11 @@ class TenantFairQueue:
     def qsize(self) -> int:
         with self._ready:
             return sum(len(q) for q in self._waiting.values())
+
+
+class _Abandoned(Exception):
+    """Raised between embedding batches: the document was deleted or uploaded again, or
+    the server is stopping (it stays 'indexing' and is re-queued at the next start)."""
 
 
 class IndexingWorker:
@@ -233,7 +238,8 @@ class IndexingWorker:
 
     def _fail(self, tenant: str, document_id: str, generation: str, reason: str) -> None:
         services = self.services
-        log.info("document %s:%s failed: %s", tenant, document_id, reason)
+        # a warning: `--log-level warning` hid a document's failure
+        log.warning("document %s:%s failed: %s", tenant, document_id, reason)
         # the reason is the document's, shown to its tenant: a search engine's error names the
         # index's folder or the cluster's URL
         reason = without_server_details(reason)
@@ -293,6 +299,16 @@ class IndexingWorker:
     def _index(self, tenant: str, document_id: str, generation: str) -> None:
         try:
             self._index_document(tenant, document_id, generation)
+        except Exception as exc:
+            # a disk full while the vectors were written left the document 'indexing' for
+            # good, even once space was freed: it fails, with the reason, and can be uploaded again
+            log.exception("indexing %s:%s failed unexpectedly", tenant, document_id)
+            reason = ("the server ran out of disk space" if out_of_space(exc)
+                      else f"the server could not index the file ({type(exc).__name__}: {exc})")
+            try:
+                self._fail(tenant, document_id, generation, f"{reason}; upload it again")
+            except Exception:  # the store cannot be written either: the next start re-queues it
+                log.exception("cannot record the failure of %s:%s", tenant, document_id)
         finally:
             self._set_progress(tenant, document_id, None)
             # the document's text, tokens and vectors, freed now, would stay in this thread's arena
@@ -327,9 +343,21 @@ class IndexingWorker:
                 nonlocal done
                 done += pages
                 self._set_progress(tenant, document_id, done, document.page_count)
+                # a delete, a re-upload or a shutdown stopped only the extraction: a 252-page
+                # document went on being embedded for 12 s (a 947-page one for 57 s), holding
+                # the worker the tenant's next upload waited for
+                if self._stop.is_set():
+                    raise _Abandoned
+                current = store.get_document(tenant, document_id)
+                if current is None or current.version(generation) != which:
+                    raise _Abandoned
 
             try:
                 document = embed_document(document, services.load_embedder(), on_embedded)
+            except _Abandoned:
+                log.info("indexing %s:%s abandoned while embedding (deleted, uploaded again or stopping)",
+                         tenant, document_id)
+                return
             except Exception as exc:  # EmbeddingError (model cannot load), tokenizer or torch errors
                 log.exception("embedding %s:%s", tenant, document_id)
                 self._fail(tenant, document_id, generation,
@@ -361,6 +389,8 @@ class IndexingWorker:
                     services.metrics.indexed_pages.inc(document.page_count)
                     services.metrics.indexing_seconds.observe(time.perf_counter() - t0)
             if written:
+                log.info("document %s:%s indexed: %d pages in %.1f s", tenant, document_id, document.page_count,
+                         time.perf_counter() - t0)
                 if replaced is not None:  # the previous version is no longer served
                     shutil.rmtree(Path(replaced.file_path).parent, ignore_errors=True)
                     services.renderer.forget(tenant, replaced.generation)

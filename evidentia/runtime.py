@@ -89,3 +89,11 @@ def release_freed_memory() -> bool:
         return False
     trim(0)
     return True
+
+
+def keep_files_private() -> None:
+    """Files and folders this process creates are its user's alone (umask 077 added to
+    the one it has): the data dir holds suppliers' confidential PDFs, their text, the
+    questions, answers and analysts' verdicts, and under the usual umask 022 every local
+    user could read them. A group that must share them sets the data dir's mode itself."""
+    os.umask(os.umask(0) | 0o077)

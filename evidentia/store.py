@@ -167,9 +167,12 @@ def store_path(data_dir: Path) -> Path:
     return Path(data_dir) / "api.sqlite3"
 
 
+UPLOADS_FOLDER = "uploads"
+
+
 def uploads_dir(data_dir: Path) -> Path:
     """Where uploaded PDFs are kept, one folder per tenant."""
-    return Path(data_dir) / "uploads"
+    return Path(data_dir) / UPLOADS_FOLDER
 
 
 class StoreError(RuntimeError):
@@ -411,14 +414,40 @@ class Store:
         return [r["name"] for r in self._query("SELECT name FROM tenants ORDER BY name")]
 
     # -- documents -----------------------------------------------------------
-    @staticmethod
-    def _document(row: sqlite3.Row) -> DocumentRow:
+    # An upload's file is stored relative to the data dir (the store's folder), and read
+    # back under the data dir the store is opened in. Absolute paths (rows written before)
+    # pointed into the data dir they were written in: a copy of it (a backup restored
+    # elsewhere) served the original's files, its start-up sweep removed its own as
+    # orphans, and a delete on the copy removed the original's file.
+    def _stored_path(self, path: str | None) -> str | None:
+        if not path:
+            return path
+        try:
+            return Path(path).resolve().relative_to(self.path.parent.resolve()).as_posix()
+        except ValueError:  # outside the data dir: kept as given
+            return str(path)
+
+    def _file_path(self, stored: str | None) -> str | None:
+        if not stored:
+            return stored
+        path = Path(stored)
+        if not path.is_absolute():
+            return str(self.path.parent / path)
+        parts = path.parts
+        if UPLOADS_FOLDER in parts:  # a row written with absolute paths: its place in this data dir
+            after = parts[len(parts) - parts[::-1].index(UPLOADS_FOLDER):]
+            return str(self.path.parent.joinpath(UPLOADS_FOLDER, *after))
+        return stored
+
+    def _document(self, row: sqlite3.Row) -> DocumentRow:
         return DocumentRow(
             tenant=row["tenant"], document_id=row["document_id"], status=row["status"], reason=row["reason"],
             pages=row["pages"], empty_pages=row["empty_pages"], languages=json.loads(row["languages"] or "{}"),
-            ocr=json.loads(row["ocr"] or "{}"), filename=row["filename"], size_bytes=row["size_bytes"], file_path=row["file_path"],
+            ocr=json.loads(row["ocr"] or "{}"), filename=row["filename"], size_bytes=row["size_bytes"],
+            file_path=self._file_path(row["file_path"]),
             generation=row["generation"], created=row["created"], updated=row["updated"],
-            attempts=row["attempts"], next_generation=row["next_generation"], next_file_path=row["next_file_path"],
+            attempts=row["attempts"], next_generation=row["next_generation"],
+            next_file_path=self._file_path(row["next_file_path"]),
             next_filename=row["next_filename"], next_size_bytes=row["next_size_bytes"],
             next_status=row["next_status"], next_reason=row["next_reason"],
         )
@@ -434,6 +463,7 @@ class Store:
         their files removed; never the version being served)."""
         ts = now()
         superseded: list[tuple[str, str]] = []
+        file_path = self._stored_path(file_path)
         with self._tx() as c:
             old = c.execute("SELECT * FROM documents WHERE tenant = ? AND document_id = ?",
                             (tenant, document_id)).fetchone()

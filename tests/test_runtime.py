@@ -98,3 +98,22 @@ def test_freed_memory_goes_back_to_the_system():
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     released, freed_mb = out.stdout.split()
     assert released == "True" and float(freed_mb) > 100, out.stdout + out.stderr
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="POSIX modes")
+def test_the_data_dir_a_command_writes_is_its_users_alone(tmp_path):
+    """Under umask 022 the uploads, the index and the store were readable by every local user."""
+    import os
+
+    from evidentia.samples import write_sample_report
+
+    pdf = write_sample_report(tmp_path / "report.pdf")
+    data = tmp_path / "data"
+    env = dict(os.environ, EVIDENTIA_DATA_DIR=str(data), EVIDENTIA_DENSE="off", EVIDENTIA_OCR="off")
+    exe = [sys.executable, "-c", "import os, sys; os.umask(0o022); sys.argv[0] = 'evidentia'; "
+           "from evidentia.cli import main; main()"]
+    out = subprocess.run([*exe, "index", str(pdf)], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    made = [data, *data.rglob("*")]
+    assert len(made) > 5
+    assert [p for p in made if p.stat().st_mode & 0o077] == []

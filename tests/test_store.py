@@ -59,3 +59,34 @@ def test_names_that_lose_letters_without_an_ascii_form_get_distinct_ids():
     # symbols too: "report 🌱" and "report 🌍" were both "report"
     assert len({document_id_for("report 🌱.pdf"), document_id_for("report 🌍.pdf"), document_id_for("report.pdf")}) == 3
     assert len(document_id_for("Отчёт" + "a" * 300 + ".pdf")) == 128
+
+
+def test_an_uploads_file_is_found_in_the_data_dir_the_store_is_opened_in(tmp_path):
+    """Absolute paths tied a data dir to where it was written: its copy served the
+    original's files, swept its own away and deleted the original's."""
+    import shutil
+    import sqlite3
+
+    from evidentia.store import Store, store_path, uploads_dir
+
+    original = tmp_path / "a"
+    pdf = uploads_dir(original) / "acme" / "g1" / "report.pdf"
+    pdf.parent.mkdir(parents=True)
+    pdf.write_bytes(b"%PDF-1.7")
+    store = Store(store_path(original))
+    store.add_tenant("acme")
+    store.put_document("acme", "report", "report.pdf", 8, str(pdf), "g1")
+    assert store.get_document("acme", "report").file_path == str(pdf)
+    raw = sqlite3.connect(store_path(original)).execute("SELECT file_path FROM documents").fetchone()[0]
+    assert raw == "uploads/acme/g1/report.pdf"  # relative to the data dir
+
+    copy = tmp_path / "b"
+    shutil.copytree(original, copy)
+    assert Store(store_path(copy)).get_document("acme", "report").file_path == str(
+        uploads_dir(copy) / "acme" / "g1" / "report.pdf")
+
+    # a row written before, with the absolute path of the dir it was written in
+    with sqlite3.connect(store_path(copy)) as conn:
+        conn.execute("UPDATE documents SET file_path = ?", (str(pdf),))
+    assert Store(store_path(copy)).get_document("acme", "report").file_path == str(
+        uploads_dir(copy) / "acme" / "g1" / "report.pdf")

@@ -15,7 +15,8 @@ from fastapi import APIRouter, Depends, File, Form, Path as PathParam, Query, Re
 from fastapi.concurrency import run_in_threadpool
 
 from evidentia.api.deps import Caller, get_services, require_backend, require_tenant, run_blocking
-from evidentia.api.errors import NO_FILE_MESSAGE, ApiError, backend_unavailable, errors, file_too_large
+from evidentia.api.errors import (NO_FILE_MESSAGE, ApiError, backend_unavailable, errors, file_too_large,
+                                  insufficient_storage, out_of_space)
 from evidentia.api.highlight import MAX_HIGHLIGHT_CHARS, MAX_TERMS, highlight_terms
 from evidentia.api.rendering import PageRenderer, RenderRefused
 from evidentia.tenants import internal_id
@@ -169,9 +170,12 @@ def _accept_upload(services: Services, caller: Caller, upload: UploadFile, docum
         _fsync_dir(tenant_dir)
         row, superseded = services.store.put_document(caller.tenant, document_id, filename or final.name,
                                                       size, str(final), generation)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
         shutil.rmtree(final_dir, ignore_errors=True)
+        if out_of_space(exc):  # was a 500 and a traceback, twice in the log
+            log.error("upload of %s:%s refused: %s", caller.tenant, document_id, exc)
+            raise insufficient_storage() from None
         raise
     # earlier uploads that will never be served: stop their extraction, drop their files
     # (a ready version being replaced is not among them: it is served until the new one is ready)
@@ -192,7 +196,7 @@ def _accept_upload(services: Services, caller: Caller, upload: UploadFile, docum
                 "Uploading an id again replaces the document; a `ready` document keeps being served until "
                 "the new file is indexed (`reindex_status`), and stays as it was if the new file fails "
                 "(`reindex_status` `failed`, `reindex_reason`).",
-    responses=errors(400, 401, 413, 415, 422, 429),
+    responses=errors(400, 401, 413, 415, 422, 429, 507),
 )
 async def upload_document(
     request: Request,

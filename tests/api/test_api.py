@@ -816,3 +816,50 @@ def test_the_worker_gives_back_what_a_document_freed(client, sample_pdf, monkeyp
     while not calls and time.monotonic() < deadline:  # called as the worker leaves the document
         time.sleep(0.02)
     assert calls
+
+
+def test_a_copied_data_dir_serves_its_own_files_and_leaves_the_originals(tmp_path, sample_pdf):
+    """A backup restored under another path: the store named the original's files, so
+    the copy's start-up removed its own uploads as orphans, and a delete on the copy
+    removed the original's PDF."""
+    import shutil
+
+    original, copy = tmp_path / "a", tmp_path / "b"
+    with TestClient(make_app(original)) as c:
+        wait_ready(c)
+        headers = new_tenant(c)
+        ready_document(c, headers, sample_pdf)
+    shutil.copytree(original, copy)
+    originals = sorted(p.relative_to(original) for p in original.rglob("*.pdf"))
+    assert originals
+    with TestClient(make_app(copy)) as c:
+        wait_ready(c)
+        assert sorted(p.relative_to(copy) for p in copy.rglob("*.pdf")) == originals  # none swept away
+        assert c.get("/v1/documents/acme-2023/pages/1.png", headers=headers).status_code == 200
+        assert c.delete("/v1/documents/acme-2023", headers=headers).status_code in (200, 204)
+        assert not list(copy.rglob("*.pdf"))
+    assert sorted(p.relative_to(original) for p in original.rglob("*.pdf")) == originals
+
+
+def test_a_full_disk_fails_the_upload_with_507_and_the_indexing_with_a_reason(client, sample_pdf, monkeypatch):
+    """On a full disk the upload was a 500 with its traceback logged twice, and a document
+    whose vectors could not be written stayed 'indexing' for good."""
+    import errno
+
+    headers = new_tenant(client)
+    services = services_of(client)
+    full = OSError(errno.ENOSPC, "No space left on device")
+
+    def no_room(*args, **kwargs):
+        raise full
+
+    with monkeypatch.context() as m:
+        m.setattr(services.store, "put_document", no_room)
+        err = assert_error(upload(client, headers, sample_pdf, "full"), 507, "insufficient_storage")
+        assert "upload it again later" in err["message"]
+    tenant = services.store.authenticate(headers["X-API-Key"]).tenant
+    assert not [p for p in (services.uploads / tenant).rglob("*") if p.is_file()]  # nothing kept of it
+    monkeypatch.setattr(services.backend, "index_document", no_room)
+    assert upload(client, headers, sample_pdf, "full").status_code == 202
+    doc = wait_indexed(client, headers, "full")
+    assert doc["status"] == "failed" and doc["reason"] == "the server ran out of disk space; upload it again"

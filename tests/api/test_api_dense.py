@@ -8,6 +8,7 @@ dense app per module loads it once; the documents are a few short pages."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -140,6 +141,47 @@ def test_documents_embedded_by_another_model_are_409_without_the_servers_paths(t
         assert err["details"] == {"document_ids": ["report"], "stage": "dense"}
         assert model_dir not in message and "<path on the server>" in message, message
         assert "EVIDENTIA_DENSE_MODEL" not in message and "upload them again" in message, message
+
+
+class SlowEmbedder:
+    """The real embedder, one page at a time with a pause, counting the pages it embedded."""
+
+    def __init__(self, real) -> None:
+        self.real, self.pages = real, 0
+
+    def embed_pages(self, pages, on_progress=None):
+        for _ in pages:
+            time.sleep(0.02)
+            self.pages += 1
+            if on_progress:
+                on_progress(1)
+        return self.real.embed_pages(pages)
+
+
+@pytest.mark.parametrize("how", ["deleted", "uploaded again"])
+def test_a_document_deleted_or_replaced_while_embedded_stops_being_embedded(dense, tmp_path, monkeypatch, how):
+    """Only the extraction was stopped: a 252-page document went on being embedded for
+    12 s after its delete, holding the worker the tenant's next upload waited for."""
+    client, headers = dense
+    services = client.app.state.services
+    slow = SlowEmbedder(services.load_embedder())
+    monkeypatch.setattr(services, "load_embedder", lambda: slow)
+    long_pdf = write_pdf(tmp_path / "long.pdf", [f"Page {n} of a long annual report." for n in range(200)])
+    assert upload(client, headers, long_pdf, "long").status_code == 202
+    deadline = time.monotonic() + 30
+    while slow.pages < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if how == "deleted":
+        assert client.delete("/v1/documents/long", headers=headers).status_code in (200, 204)
+    else:
+        assert upload(client, headers, report_pdf_of(tmp_path), "long").status_code == 202
+    at_cancel = slow.pages
+    time.sleep(1.0)  # 50 pages' time
+    assert slow.pages <= at_cancel + 2, (at_cancel, slow.pages)
+
+
+def report_pdf_of(tmp_path: Path) -> Path:
+    return write_pdf(tmp_path / "short.pdf", [FILLER[0], TARGET])
 
 
 def test_unknown_stage_is_422(dense):
