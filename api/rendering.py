@@ -13,10 +13,16 @@ up threads or processes.
 
 Images are cached under ``<data dir>/page-cache/<tenant>/<generation>/``: the
 upload generation is part of the key, so a re-indexed document never shows a
-stale image, and a delete or a swap removes the folder. A page that cannot be
-rendered within the limits is remembered too (a ``.failed`` file with the
-reason), so asking again costs nothing. The cache is bounded
-(EVIDENTIA_RENDER_CACHE_MB; oldest files go first).
+stale image, and a delete or a swap removes the folder (and the start-up sweeps
+the folders of uploads no longer stored: api/services.py). A page that cannot be
+rendered because of the PDF itself (malformed, or over the memory cap: the
+marker's name holds the cap) is remembered too (a ``.failed`` file with the
+reason), so asking again costs nothing; a timeout, a crashed child or a file
+gone meanwhile says more about the server's load or state than about the PDF
+and is never remembered (a stale one outlived a restart with another limit).
+An image or a failure found after its file went (a delete or a swap during the
+render) is not kept either: the generation's folder would outlive its upload.
+The cache is bounded (EVIDENTIA_RENDER_CACHE_MB; oldest files go first).
 
 Nothing here imports FastAPI: the child process imports this module to find
 ``render_png``.
@@ -34,6 +40,8 @@ import uuid
 from pathlib import Path
 
 PNG_MAX_HEIGHT = 6000  # a strip-shaped page must not become a huge image
+# WorkFailed kinds that are the PDF's own and so worth remembering (see the module's doc)
+REMEMBERED_FAILURES = ("invalid", "memory")
 
 
 class RenderRefused(Exception):
@@ -113,18 +121,23 @@ class PageRenderer:
         except OSError:
             pass
         try:
-            reason = entry.with_suffix(".failed").read_text()
+            reason = self._failure_marker(entry).read_text()
         except OSError:
             return None
         raise RenderRefused(422, "page_not_renderable", reason)
 
-    def _store(self, entry: Path, suffix: str, data: bytes) -> None:
+    def _failure_marker(self, entry: Path) -> Path:
+        # a page over the memory cap may render under a higher one: a restart with another
+        # EVIDENTIA_RENDER_MEMORY_MB must not find the old verdict
+        return entry.with_name(f"{entry.name}-{self.settings.render_memory_mb}mb.failed")
+
+    def _store(self, target: Path, data: bytes) -> None:
         if self.settings.render_cache_mb <= 0:
             return
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        tmp = entry.parent / f".tmp-{uuid.uuid4().hex}"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.parent / f".tmp-{uuid.uuid4().hex}"
         tmp.write_bytes(data)
-        os.replace(tmp, entry.with_suffix(suffix))
+        os.replace(tmp, target)
         with self._lock:
             if self._cache_bytes is None:
                 self._cache_bytes = sum(f.stat().st_size for f in self.cache_dir.rglob("*") if f.is_file())
@@ -165,9 +178,10 @@ class PageRenderer:
         bounded child and cached; RenderRefused with the reason otherwise."""
         from evidentia.indexer.worker import BoundedCall, WorkFailed
 
-        if not Path(path).is_file():  # re-indexed (the old file is gone) or deleted meanwhile
-            raise RenderRefused(409, "document_changed", "the document changed while the page was asked for; "
+        changed = RenderRefused(409, "document_changed", "the document changed while the page was asked for; "
                                 "retry", 1)
+        if not Path(path).is_file():  # re-indexed (the old file is gone) or deleted meanwhile
+            raise changed
         settings = self.settings
         entry = self._entry(tenant, generation, page, width, terms)
         call = BoundedCall(render_png, (path, page, width, terms, settings.render_max_pixels),
@@ -177,8 +191,19 @@ class PageRenderer:
             png = call.run()
         except WorkFailed as exc:
             reason = f"page {page} cannot be rendered: {exc}"
-            if exc.kind in ("timeout", "memory", "invalid", "crashed"):
-                self._store(entry, ".failed", reason.encode())
+            if exc.kind in REMEMBERED_FAILURES:
+                self._store(self._failure_marker(entry), reason.encode())
+            self._check_still_there(tenant, generation, path, changed)  # a missing file reads as malformed
             raise RenderRefused(422, "page_not_renderable", reason) from None
-        self._store(entry, ".png", png)
+        self._store(entry.with_suffix(".png"), png)
+        self._check_still_there(tenant, generation, path, changed)
         return png
+
+    def _check_still_there(self, tenant: str, generation: str, path: str, changed: RenderRefused) -> None:
+        """After storing: the file went during the render (a delete or a swap, whose own
+        ``forget`` may have run before the store), so its generation is gone for good;
+        drop what was stored and say so. Checked after the store, not before: a delete
+        between a check and the store would leave the folder behind."""
+        if not Path(path).is_file():
+            self.forget(tenant, generation)
+            raise changed

@@ -192,14 +192,23 @@ class Services:
     # -- crash leftovers -----------------------------------------------------
     def _sweep_files(self) -> None:
         """Remove temporary uploads and upload folders no document refers to
-        (a crash between writing the file and committing the row)."""
-        live = {Path(f).parent.resolve() for d in self.store.all_documents()
+        (a crash between writing the file and committing the row), and the page
+        images of uploads no longer stored (a render that ended after its document's
+        delete, or a crash before a delete's ``forget``)."""
+        documents = self.store.all_documents()
+        live = {Path(f).parent.resolve() for d in documents
                 for f in (d.file_path, d.next_file_path) if f}  # next_file_path: a re-upload being indexed
         for tenant_dir in self.uploads.iterdir():
             if not tenant_dir.is_dir():
                 continue
             for entry in tenant_dir.iterdir():
                 if entry.name.startswith(".tmp-") or (entry.is_dir() and entry.resolve() not in live):
+                    shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+        generations = {(d.tenant, g) for d in documents for g in (d.generation, d.next_generation) if g}
+        cache = self.renderer.cache_dir  # <tenant>/<generation>/ (api/rendering.py)
+        for tenant_dir in cache.iterdir() if cache.is_dir() else ():
+            for entry in tenant_dir.iterdir() if tenant_dir.is_dir() else ():
+                if (tenant_dir.name, entry.name) not in generations:
                     shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
 
     def _sweep_index(self, backend: SearchBackend) -> None:

@@ -10,9 +10,11 @@ import shutil
 import time
 import uuid
 from pathlib import Path, PurePosixPath
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, File, Form, Path as PathParam, Query, Request, Response, UploadFile
 from fastapi.concurrency import run_in_threadpool
+from pydantic import BeforeValidator
 
 from evidentia.api.deps import Caller, get_services, require_backend, require_tenant, run_blocking
 from evidentia.api.errors import (NO_FILE_MESSAGE, ApiError, backend_unavailable, errors, file_too_large,
@@ -36,6 +38,17 @@ RENDER_SLOT_WAIT_S = 5.0  # a page image over the render caps waits this long fo
 PNG_MIN_WIDTH, PNG_MAX_WIDTH = 50, 2000
 
 DocumentId = PathParam(..., description="Your document id.", examples=["acme-2023"], pattern=DOCUMENT_ID_PATTERN)
+
+
+def _plain_digits(value):
+    # int() reads "1_0" as 10 and " 1" or "+1" as 1: one page, many URLs (and caches)
+    if isinstance(value, str) and not (value.isascii() and value.isdigit()):
+        raise ValueError("a page number is plain decimal digits, e.g. 3")
+    return value
+
+
+# a path parameter may have no default, so the routes taking it make it keyword-only (after `*`)
+PageNumber = Annotated[int, PathParam(ge=1, description="1-based page number."), BeforeValidator(_plain_digits)]
 
 
 def to_out(row: DocumentRow, services: Services | None = None) -> DocumentOut:
@@ -323,8 +336,9 @@ def _etag_matches(if_none_match: str | None, etag: str) -> bool:
 )
 async def page_png(
     request: Request,
+    *,
     document_id: str = DocumentId,
-    page: int = PathParam(..., ge=1, description="1-based page number."),
+    page: PageNumber,
     width: int = Query(800, ge=PNG_MIN_WIDTH, le=PNG_MAX_WIDTH, description="Image width in pixels."),
     highlight: str | None = Query(None, max_length=MAX_HIGHLIGHT_CHARS,
                                   description="Words to mark on the page, e.g. the query's keywords (numbers "
@@ -353,16 +367,23 @@ async def page_png(
 @router.get("/{document_id}/pages/{page}", response_model=PageOut, summary="A page's text and language",
             responses=errors(401, 404, 409, 422, 429, 503, 504))
 async def page_text(
+    *,
     document_id: str = DocumentId,
-    page: int = PathParam(..., ge=1, description="1-based page number."),
+    page: PageNumber,
     caller: Caller = Depends(require_tenant),
     services: Services = Depends(get_services),
 ) -> PageOut:
-    row = await run_in_threadpool(find_document, services, caller, document_id)
-    _page_number(row, page)
-    backend = require_backend(services)
+    def read_page():
+        # under doc_lock, the lock a re-upload's swap changes the index and then the row under:
+        # read apart, a row of 14 pages met an index of 9 (409 for a healthy document) or
+        # the new version's text was shown under the old row
+        with services.doc_lock:
+            row = find_document(services, caller, document_id)
+            _page_number(row, page)
+            return require_backend(services).get_page(internal_id(caller.tenant, document_id), page)
+
     try:
-        found = await run_blocking(services, backend.get_page, internal_id(caller.tenant, document_id), page)
+        found = await run_blocking(services, read_page)
     except BackendError as exc:
         raise backend_unavailable(exc) from None
     if found is None:

@@ -565,6 +565,59 @@ def test_page_errors(client, sample_pdf):
     assert blank["text"] == "" and blank["char_count"] == 0 and blank["language"] is None
 
 
+def test_page_numbers_are_plain_decimal_digits(client, sample_pdf):
+    """int() read "1_0" as page 10 and " 1" or "+1" as page 1: one page under many URLs."""
+    h = new_tenant(client)
+    ready_document(client, h, sample_pdf)
+    for page in ("1_0", "%201", "1%20", "+1", "1.0", "%EF%BC%91"):  # the last: a full-width 1
+        for suffix in ("", ".png"):
+            err = assert_error(client.get(f"/v1/documents/acme-2023/pages/{page}{suffix}", headers=h), 422,
+                               "validation_error")
+            assert "plain decimal digits" in err["message"], (page, suffix)
+    assert client.get("/v1/documents/acme-2023/pages/02", headers=h).json()["page"] == 2
+
+
+def test_page_text_during_a_swap_is_the_served_version(own_client, tmp_path, monkeypatch):
+    """The page's row and its index entry are read together: a re-upload's swap (index,
+    then row) between the two reads answered 409 document_gone for a healthy document."""
+    from tests.utils import hostile_pdfs as H
+
+    c = own_client()
+    h = new_tenant(c)
+    ready_document(c, h, H.real_report(tmp_path / "long.pdf", pages=14), "race")
+    services = services_of(c)
+    extracted, go, swapped = threading.Event(), threading.Event(), threading.Event()
+    real_extract, real_promote, real_get_page = (services.worker._extract, services.store.promote_next,
+                                                 services.backend.get_page)
+
+    def extract_then_wait(*args):
+        document = real_extract(*args)
+        extracted.set()
+        go.wait(20)
+        return document
+
+    def promote(*args, **kwargs):
+        row = real_promote(*args, **kwargs)
+        swapped.set()
+        return row
+
+    def get_page_while_the_swap_runs(*args):
+        go.set()
+        swapped.wait(2)  # the old code read here after the swap; under the lock the swap waits
+        return real_get_page(*args)
+
+    monkeypatch.setattr(services.worker, "_extract", extract_then_wait)
+    monkeypatch.setattr(services.store, "promote_next", promote)
+    monkeypatch.setattr(services.backend, "get_page", get_page_while_the_swap_runs)
+    assert upload(c, h, H.real_report(tmp_path / "short.pdf", pages=9), "race").status_code == 202
+    assert extracted.wait(30)
+    r = c.get("/v1/documents/race/pages/12", headers=h)
+    assert r.status_code == 200, r.text
+    assert r.json()["text"].startswith("Annual report page 12")
+    assert wait_indexed(c, h, "race")["pages"] == 9
+    assert_error(c.get("/v1/documents/race/pages/12", headers=h), 404, "page_not_found")
+
+
 def test_a_page_image_of_a_document_deleted_meanwhile_is_404_not_retry(own_client, sample_pdf, monkeypatch):
     """The file went between the lookup and the rendering: a document re-indexed is worth a
     retry (409); one deleted is gone (404), as a request after the delete would say."""
@@ -704,6 +757,28 @@ def test_documents_left_queued_or_indexing_are_indexed_at_start(tmp_path, sample
         assert wait_indexed(c, h, "was-queued")["status"] == "ready"
         assert wait_indexed(c, h, "was-indexing")["status"] == "ready"
         assert not orphan.exists()
+
+
+def test_page_images_of_uploads_no_longer_stored_are_swept_at_start(tmp_path, sample_pdf):
+    """A render that ended after its document's delete stored into a folder the delete
+    had already removed: such folders were left for good."""
+    data_dir = tmp_path / "api-data"
+    store = Store(data_dir / "api.sqlite3")
+    store.create_key("crashed")
+    folder = data_dir / "uploads" / "crashed" / "gen-live"
+    folder.mkdir(parents=True)
+    (folder / "live.pdf").write_bytes(sample_pdf.read_bytes())
+    store.put_document("crashed", "live", "live.pdf", 1, str(folder / "live.pdf"), "gen-live")
+    store.close()
+    cache = data_dir / "page-cache"
+    for generation in ("gen-live", "gen-deleted"):
+        (cache / "crashed" / generation).mkdir(parents=True)
+        (cache / "crashed" / generation / "1-800-plain.png").write_bytes(b"png")
+    (cache / "gone-tenant" / "gen-old").mkdir(parents=True)
+    with TestClient(make_app(tmp_path)):
+        assert (cache / "crashed" / "gen-live" / "1-800-plain.png").exists()
+        assert not (cache / "crashed" / "gen-deleted").exists()
+        assert not (cache / "gone-tenant" / "gen-old").exists()
 
 
 # -- classifier ---------------------------------------------------------------

@@ -42,7 +42,9 @@ def test_a_huge_image_page_renders_within_the_bounds(renderer, tmp_path):
     assert w * h <= 200_000 and time.perf_counter() - t0 < 10
 
 
-def test_a_slow_page_fails_with_a_reason_and_is_remembered(tmp_path):
+def test_a_slow_page_fails_with_a_reason_and_is_not_remembered(tmp_path):
+    """A timeout depends on the server's load and EVIDENTIA_RENDER_TIMEOUT_S, not on the
+    PDF: remembered, it answered 422 after a restart with a longer timeout."""
     tight = PageRenderer(Settings(data_dir=tmp_path / "data", render_timeout_s=1))
     pdf = str(H.spaces_bomb(tmp_path / "spaces.pdf", inflated_mb=512))
     t0 = time.perf_counter()
@@ -52,10 +54,50 @@ def test_a_slow_page_fails_with_a_reason_and_is_remembered(tmp_path):
     assert info.value.status == 422 and info.value.code == "page_not_renderable"
     assert str(info.value) == ("page 1 cannot be rendered: page rendering took longer than 1 s "
                                "(EVIDENTIA_RENDER_TIMEOUT_S)")
+    assert tight.cached("t1", "g1", 1, 800, None) is None
+    assert list(tight.cache_dir.rglob("*.failed")) == []
+
+
+def test_a_malformed_pdf_is_remembered_under_its_memory_cap(tmp_path):
+    pdf = tmp_path / "bad.pdf"
+    pdf.write_bytes(b"%PDF-1.7\nnot a PDF at all")
+    renderer = PageRenderer(Settings(data_dir=tmp_path / "data"))
+    with pytest.raises(RenderRefused, match="malformed") as info:
+        renderer.render("t1", "g1", str(pdf), 1, 800, None)
+    assert info.value.status == 422
     t0 = time.perf_counter()
-    with pytest.raises(RenderRefused, match="took longer than 1 s"):
-        tight.cached("t1", "g1", 1, 800, None)  # the failure is cached: no second child
+    with pytest.raises(RenderRefused, match="malformed"):
+        renderer.cached("t1", "g1", 1, 800, None)  # the PDF's own failure: no second child
     assert time.perf_counter() - t0 < 0.1
+    # a verdict under one EVIDENTIA_RENDER_MEMORY_MB says nothing under another
+    assert PageRenderer(Settings(data_dir=tmp_path / "data", render_memory_mb=999)).cached(
+        "t1", "g1", 1, 800, None) is None
+
+
+@pytest.mark.parametrize("when", ["before the child opens it", "after the child rendered it"])
+def test_a_file_deleted_during_the_render_is_409_and_leaves_nothing_cached(renderer, tmp_path, monkeypatch, when):
+    """A delete (or a swap) between the route's lookup and the end of the render: the
+    missing file read as a malformed PDF (422, remembered), and the delete's own
+    ``forget`` ran before the render stored, leaving the gone upload's folder behind."""
+    from evidentia.indexer.worker import BoundedCall
+
+    pdf = H.real_report(tmp_path / "r.pdf", pages=1)
+    real_run = BoundedCall.run
+
+    def run_while_deleted(call):
+        if when.startswith("before"):
+            pdf.unlink()
+        result = real_run(call)
+        if when.startswith("after"):
+            pdf.unlink()
+            renderer.forget("t1", "g1")  # as DELETE /v1/documents/{id} does
+        return result
+
+    monkeypatch.setattr(BoundedCall, "run", run_while_deleted)
+    with pytest.raises(RenderRefused) as info:
+        renderer.render("t1", "g1", str(pdf), 1, 800, None)
+    assert (info.value.status, info.value.code) == (409, "document_changed")
+    assert not (renderer.cache_dir / "t1" / "g1").exists()
 
 
 def test_concurrency_caps_per_tenant_and_in_all(renderer):
