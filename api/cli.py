@@ -9,13 +9,9 @@ import typer
 
 
 def _settings():
-    from evidentia.console import fail
-    from evidentia.config import ConfigError, Settings
+    from evidentia.console import read_settings
 
-    try:
-        return Settings.from_env()
-    except ConfigError as exc:
-        raise fail(str(exc))
+    return read_settings()
 
 
 def serve_command(
@@ -31,7 +27,7 @@ def serve_command(
     from evidentia.api.app import create_app
     from evidentia.config import ConfigError
 
-    from evidentia.console import fail
+    from evidentia.console import EXIT_BACKEND, fail
 
     if log_level.lower() not in ("critical", "error", "warning", "info", "debug"):
         raise fail(f"--log-level {log_level!r}: use critical, error, warning, info or debug")
@@ -42,6 +38,11 @@ def serve_command(
     if problem:
         raise fail(problem)
     settings = _settings()
+    # the store opens in the app's startup, where an unusable EVIDENTIA_DATA_DIR was a
+    # 60-line traceback and uvicorn's "Application startup failed"
+    problem = data_dir_problem(settings.data_dir)
+    if problem:
+        raise fail(problem, EXIT_BACKEND)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(settings)
     try:  # probes Tesseract now: a bad EVIDENTIA_OCR_LANGUAGES stops here, in one line, not in the app's startup
@@ -73,6 +74,21 @@ def listen_problem(host: str, port: int) -> str | None:
             if exc.errno == errno.EADDRINUSE:
                 return f"--port {port}: {host}:{port} is already in use (another server?); choose another --port"
             return f"--host {host} --port {port}: cannot listen there ({exc.strerror or exc})"
+    return None
+
+
+def data_dir_problem(data_dir) -> str | None:
+    """Why the server could not keep its store in ``data_dir`` (None: it can), in one line,
+    worded as the CLI's (retriever/tantivy_backend.py). Opens the store as the startup would."""
+    from evidentia.store import Store, StoreError, store_path
+
+    try:
+        Store(store_path(data_dir)).close()
+    except OSError as exc:
+        return (f"cannot create the data folder {exc.filename or data_dir}: {exc.strerror or exc}; set "
+                "EVIDENTIA_DATA_DIR to a folder you can write")
+    except StoreError as exc:  # a folder it cannot write, a store of another schema version
+        return str(exc)
     return None
 
 

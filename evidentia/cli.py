@@ -10,7 +10,8 @@ from typing import List, Optional
 import typer
 
 from evidentia.config import ConfigError, declared_default
-from evidentia.console import EXIT_BACKEND, EXIT_BAD_INPUT, EXIT_FALLBACK, Context, fail, quiet_libraries
+from evidentia.console import (EXIT_BACKEND, EXIT_BAD_INPUT, EXIT_FALLBACK, Context, fail, quiet_libraries,
+                               warn_about_environment)
 from evidentia.text import listed
 
 # rich_markup_mode=None: plain help, so flags read as `--json`, not `--json <bool>`
@@ -25,6 +26,7 @@ def main_options(verbose: bool = typer.Option(False, "--verbose", "-v",
     from evidentia.runtime import keep_files_private
 
     keep_files_private()
+    warn_about_environment()
 
 
 TENANT_HELP = ("Tenant whose documents these are, as the API sees them (default: 'default'; "

@@ -11,6 +11,8 @@ these declarations. A ``Settings`` object is built once by the entry point
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import math
 import os
 import re
 from dataclasses import dataclass, field, replace
@@ -25,7 +27,21 @@ RUNTIMES = ("auto", "onnx", "torch")
 LLM_STRUCTURED_OUTPUT_MODES = ("auto", "on", "off")
 LLM_TOKENIZERS = ("auto", "server", "tiktoken", "chars")
 OCR_MODES = ("on", "off", "force")
+# reranker/registry.py's names, declared here so that a bad EVIDENTIA_DEFAULT_RERANKER is refused
+# at start-up (this bottom layer must not import the rerankers); the registry checks they match.
+RERANKERS = ("none", "llm", "classifier", "cosine")
 PREFIX = "EVIDENTIA_"
+# EVIDENTIA_ variables the project reads that are not settings, so that the warning about unknown
+# names (environment_warnings) leaves them alone: tests/api/test_ui_e2e.py saves its screenshots
+# where EVIDENTIA_UI_SCREENSHOTS says.
+NOT_SETTINGS = ("EVIDENTIA_UI_SCREENSHOTS",)
+# The most a time setting may say: a day. Each ends up as a wait of threading, select or subprocess,
+# which take at most threading.TIMEOUT_MAX and, in poll(), milliseconds in a C int (about 24.8 days):
+# EVIDENTIA_EXTRACT_TIMEOUT_S=3000000 (or inf) raised OverflowError in every extraction, and inf
+# failed every page image. Nothing Evidentia waits for needs longer.
+MAX_SECONDS = 86400
+# EVIDENTIA_RETRAIN_INTERVAL_S is a schedule, not a limit: a year at most (Event.wait's bound is far above).
+MAX_RETRAIN_INTERVAL_S = 365 * 86400
 
 
 class ConfigError(ValueError):
@@ -38,10 +54,6 @@ class ConfigError(ValueError):
 
 def text(raw: str) -> str:
     return raw
-
-
-def lower(raw: str) -> str:
-    return raw.lower()
 
 
 def path(raw: str) -> Path:
@@ -64,7 +76,12 @@ def _number(cast, valid: Callable[[Any], bool], expected: str) -> Callable[[str]
 
 positive_int = _number(int, lambda v: v > 0, "a positive integer")
 non_negative_int = _number(int, lambda v: v >= 0, "a whole number >= 0")
-positive_float = _number(float, lambda v: v > 0, "a positive number")
+# inf and nan are floats too; no setting can use them
+positive_float = _number(float, lambda v: math.isfinite(v) and v > 0, "a positive number")
+seconds = _number(float, lambda v: math.isfinite(v) and 0 < v <= MAX_SECONDS,
+                  f"a positive number of seconds, at most {MAX_SECONDS} (a day)")
+retrain_interval = _number(int, lambda v: 0 <= v <= MAX_RETRAIN_INTERVAL_S,
+                           f"a whole number of seconds from 0 (off) to {MAX_RETRAIN_INTERVAL_S} (a year)")
 probability = _number(float, lambda v: 0.0 <= v <= 1.0, "a number between 0 and 1")
 
 
@@ -93,7 +110,7 @@ def weights(raw: str) -> tuple[float, float]:
         values = tuple(float(p.strip()) for p in raw.split(","))
     except ValueError:
         values = ()
-    if len(values) != 2 or any(v < 0 for v in values) or not any(v > 0 for v in values):
+    if len(values) != 2 or not all(math.isfinite(v) and v >= 0 for v in values) or not any(v > 0 for v in values):
         raise ValueError("two weights >= 0 (bm25,dense), e.g. 1,1 or 1,0.5")
     return values  # type: ignore[return-value]
 
@@ -105,6 +122,8 @@ def tesseract_languages(raw: str) -> str:
 
 
 dpi = _number(int, lambda v: 72 <= v <= 600, "a resolution between 72 and 600")
+# retriever/dense.py's PageEmbedder refuses shorter windows
+window_tokens = _number(int, lambda v: v >= 8, "a whole number >= 8")
 
 
 def setting(default: Any = None, help: str = "", *, parse: Callable[[str], Any] = text,
@@ -137,7 +156,7 @@ class Settings:
     es_index: str = setting("evidentia-pages", "Elasticsearch index name")
     es_api_key: str | None = setting(None, "Elasticsearch API key, if the cluster needs one")
     progress_interval_s: float = setting(10.0, "seconds between progress lines when the output is not a "
-                                         "terminal (CI logs, `tee`); a terminal gets a live bar", parse=positive_float)
+                                         "terminal (CI logs, `tee`); a terminal gets a live bar", parse=seconds)
     # -- first stage
     pool_size: int = setting(20, "candidate pool size (`--top-k` overrides)", parse=positive_int)
     # hybrid: BM25 + dense fused (R@20 0.880 against bm25's 0.831 on financebench-dev); with
@@ -161,7 +180,7 @@ class Settings:
     # shipped relevance model (section 8) was trained on 256/32/2 page vectors (its metadata's
     # "embedding") and reads them from the index. Vectors record their windows; the classifier
     # computes its own for pages indexed with others.
-    dense_max_tokens: int = setting(256, "tokens per window (capped at the model's own limit)", parse=positive_int)
+    dense_max_tokens: int = setting(256, "tokens per window (capped at the model's own limit)", parse=window_tokens)
     dense_window_overlap: int = setting(32, "tokens shared by neighbouring windows", parse=non_negative_int)
     dense_max_windows: int = setting(2, "windows per page (the page's first tokens): bounds the cost of long pages; "
                                      "what lies further on a page is found by BM25 in hybrid", parse=positive_int)
@@ -179,7 +198,7 @@ class Settings:
                                  "it does not know is an error, one not installed a warning", parse=tesseract_languages)
     ocr_dpi: int = setting(300, "resolution a page is rendered at for OCR (72-600)", parse=dpi)
     ocr_timeout_s: float = setting(60.0, "OCR time limit per page; a page over it stays unread",
-                                   parse=positive_float)
+                                   parse=seconds)
     ocr_workers: int = setting(0, "pages of a document read by Tesseract at once (one process each); `0`: one per "
                                "usable CPU, shared by the documents the API indexes at once "
                                "(`EVIDENTIA_INDEX_WORKERS`), `1`: one page after another", parse=non_negative_int)
@@ -192,7 +211,7 @@ class Settings:
     llm_base_url: str | None = setting(None, "base URL of an OpenAI-compatible endpoint (or `OPENAI_BASE_URL`)",
                                        env=("OPENAI_BASE_URL",))
     llm_timeout_s: float = setting(60.0, "total wall time of one LLM request (a watchdog cuts it, however slowly "
-                                   "the server drips)", parse=positive_float)
+                                   "the server drips)", parse=seconds)
     llm_max_retries: int = setting(4, "retries of a failed LLM request (429, 5xx, timeouts), with exponential "
                                    "backoff, never past the validation's deadline", parse=non_negative_int)
     llm_token_budget: int = setting(12000, "prompt tokens per request at most (cost cap); longer pools are "
@@ -241,7 +260,7 @@ class Settings:
     retrain_base_data: Path | None = setting(None, "base training records merged with feedback by `evidentia "
                                              "retrain`", parse=path)
     retrain_interval_s: int = setting(0, "`evidentia serve` retrains this often when feedback arrived (0: off; "
-                                      "or cron + `evidentia retrain`)", parse=non_negative_int)
+                                      "or cron + `evidentia retrain`)", parse=retrain_interval)
     # The gate keeps production only on evidence of a drop; with two held-out queries there
     # is none either way, and a candidate trained on one tenant's few verdicts replaced the
     # model every tenant uses (docs/BENCHMARKS.md 8ap).
@@ -258,10 +277,10 @@ class Settings:
     max_documents_per_validation: int = setting(20, "documents one validation may search", parse=positive_int)
     request_timeout_s: float = setting(60.0, "a validation still running then gets 504; the LLM reranker gets this "
                                        "less a margin (10%, 0.5-2 s) and answers the first-stage order with the "
-                                       "reason instead", parse=positive_float)
+                                       "reason instead", parse=seconds)
     rate_limit_per_minute: int = setting(600, "requests per API key (token bucket)", parse=positive_int)
     default_reranker: str = setting("none", "reranker when a request or `search` names none; the API loads it "
-                                    "before `/ready`", parse=lower)
+                                    "before `/ready`", parse=choice(*RERANKERS))
     rerank_concurrency: int = setting(1, "local-compute reranker calls (classifier) running at once; the others "
                                       "queue", parse=positive_int)
     tenant_concurrency: int = setting(2, "searches of one tenant running at once, and uploads of one tenant being "
@@ -270,7 +289,7 @@ class Settings:
     # -- untrusted PDFs (issue #15): extraction and page images run in child processes
     # under these bounds (indexer/worker.py, api/rendering.py); `evidentia index` uses them too
     extract_timeout_s: float = setting(300.0, "an extraction still running then is killed; the document fails",
-                                       parse=positive_float)
+                                       parse=seconds)
     extract_memory_mb: int = setting(768, "memory an extraction process may add to what it starts with; past it "
                                      "the document fails", parse=positive_int)
     max_page_chars: int = setting(100_000, "characters of text per page; more fails the document", parse=positive_int)
@@ -285,7 +304,7 @@ class Settings:
                                  parse=positive_int)
     index_max_attempts: int = setting(3, "starts of one upload's indexing (server restarts included) before it "
                                       "fails", parse=positive_int)
-    render_timeout_s: float = setting(20.0, "a page image still rendering then gets 422", parse=positive_float)
+    render_timeout_s: float = setting(20.0, "a page image still rendering then gets 422", parse=seconds)
     render_memory_mb: int = setting(384, "memory a page-image rendering may add; past it 422", parse=positive_int)
     render_max_pixels: int = setting(6_000_000, "page images are scaled down to this many pixels at most",
                                      parse=positive_int)
@@ -298,10 +317,10 @@ class Settings:
     # -- HTTP server (`evidentia serve`): slow or too many clients are dropped
     http_max_connections: int = setting(200, "open connections; requests beyond get 503", parse=positive_int)
     http_header_timeout_s: float = setting(10.0, "time a client has to send a request's headers (then 408, closed)",
-                                           parse=positive_float)
+                                           parse=seconds)
     http_body_timeout_s: float = setting(120.0, "time a client has to send a request's body (then closed)",
-                                         parse=positive_float)
-    http_keep_alive_s: float = setting(5.0, "idle keep-alive connections are closed after it", parse=positive_float)
+                                         parse=seconds)
+    http_keep_alive_s: float = setting(5.0, "idle keep-alive connections are closed after it", parse=seconds)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -316,7 +335,25 @@ class Settings:
                     except ValueError as exc:
                         raise ConfigError(f"{name} must be {exc}, not {raw!r}") from None
                     break
-        return cls(**values)
+        settings = cls(**values)
+        settings.check()
+        return settings
+
+    def check(self) -> None:
+        """Refuse settings each valid alone but not together, in one line (ConfigError). Here, at
+        start-up, `evidentia serve` stops as the CLI does; found later, the server started and
+        answered 503 on /ready for ever."""
+        problems = []
+        if self.dense_window_overlap >= self.dense_max_tokens - 2:  # as retriever/dense.py's PageEmbedder
+            problems.append(f"EVIDENTIA_DENSE_WINDOW_OVERLAP must be less than EVIDENTIA_DENSE_MAX_TOKENS - 2 "
+                            f"({self.dense_max_tokens - 2}), not {self.dense_window_overlap}")
+        if self.pool_size > self.max_top_k:  # the engine refuses such a pool (Engine.config)
+            problems.append(f"EVIDENTIA_POOL_SIZE must be at most EVIDENTIA_MAX_TOP_K ({self.max_top_k}), "
+                            f"not {self.pool_size}")
+        if self.backend == "elasticsearch" and not self.es_url:  # as retriever/factory.py
+            problems.append("EVIDENTIA_BACKEND=elasticsearch needs EVIDENTIA_ES_URL (e.g. http://localhost:9200)")
+        if problems:
+            raise ConfigError("; ".join(problems))
 
     def __post_init__(self) -> None:
         # The default first stage follows EVIDENTIA_DENSE (a stage set explicitly is kept,
@@ -350,6 +387,41 @@ def _shown(f: dataclasses.Field) -> str:
     if f.default is None or f.default is dataclasses.MISSING:
         return "–"
     return f"`{f.default}`"
+
+
+def known_variables() -> dict[str, str]:
+    """Each EVIDENTIA_ variable Evidentia reads -> the setting's own variable (itself for
+    NOT_SETTINGS), and each CLI flag a help text names as a variable (EVIDENTIA_TOP_K for
+    `--top-k`) -> the setting's variable, for the suggestion of environment_warnings."""
+    known = {name: name for name in NOT_SETTINGS}
+    for f in dataclasses.fields(Settings):
+        known[env_name(f)] = env_name(f)
+        known.update((name, env_name(f)) for name in f.metadata["env"] if name.startswith(PREFIX))
+    return known
+
+
+def environment_warnings(settings: Settings, env: Mapping[str, str] | None = None) -> list[str]:
+    """What is set in the environment but has no effect, one line each (the entry points print
+    them): an EVIDENTIA_ variable no setting has (EVIDENTIA_TOP_K: a typo was silently ignored),
+    with the closest real one, and EVIDENTIA_ES_URL without EVIDENTIA_BACKEND=elasticsearch."""
+    env = os.environ if env is None else env
+    known = known_variables()
+    flags = {PREFIX + flag.upper().replace("-", "_"): env_name(f) for f in dataclasses.fields(Settings)
+             for flag in re.findall(r"`--([a-z0-9-]+)`", f.metadata["help"])}
+    # compared without the prefix they all share, which made any name look close to some setting
+    settings_only = {name.removeprefix(PREFIX): name for name in set(known.values()) - set(NOT_SETTINGS)}
+    lines = []
+    for name in sorted(env):
+        if not name.startswith(PREFIX) or name in known:
+            continue
+        close = [flags[name]] if name in flags else [settings_only[c] for c in difflib.get_close_matches(
+            name.removeprefix(PREFIX), sorted(settings_only), n=1)]
+        lines.append(f"{name} is not a setting of Evidentia and is ignored"
+                     + (f"; did you mean {close[0]}?" if close else ""))
+    if settings.es_url and settings.backend != "elasticsearch":
+        lines.append(f"EVIDENTIA_ES_URL is set but EVIDENTIA_BACKEND is {settings.backend}; set "
+                     "EVIDENTIA_BACKEND=elasticsearch to use it")
+    return lines
 
 
 def declared_default(name: str) -> Any:

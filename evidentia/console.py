@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 
 import typer
 
-from evidentia.config import ConfigError, Settings
+from evidentia.config import ConfigError, Settings, environment_warnings
 from evidentia.engine import Engine, RunConfig, RunConfigError
 from evidentia.text import listed
 
@@ -45,6 +45,27 @@ def fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
     return typer.Exit(code)
 
 
+def read_settings() -> Settings:
+    """The settings from the environment, or one `error:` line (exit 2)."""
+    try:
+        return Settings.from_env()
+    except ConfigError as exc:
+        raise fail(str(exc))
+
+
+def warn_about_environment() -> None:
+    """A `warning:` line for each thing set in the environment without effect
+    (config.environment_warnings), as a command starts (evidentia.cli's callback: once
+    per command, though a command may read the settings twice). Settings that cannot
+    be read are left to the command, which says so."""
+    try:
+        settings = Settings.from_env()
+    except ConfigError:
+        return
+    for line in environment_warnings(settings):
+        typer.echo(f"warning: {line}", err=True)
+
+
 def require_files(*named: tuple[str, Path | None]) -> None:
     """Fail (exit 1) on the first (option, path) whose path is missing or a folder, worded
     as `eval` words it and before any work: the readers' OSError read "[Errno 2] No such
@@ -64,10 +85,7 @@ class Context:
         """The settings from the environment, with ``overrides`` (e.g. a data_dir).
         ``batch``: a command that only computes (index, embed, eval, dataset): its
         model uses every CPU unless EVIDENTIA_THREADS says otherwise."""
-        try:
-            self.settings = Settings.from_env().with_(**overrides)
-        except ConfigError as exc:
-            raise fail(str(exc))
+        self.settings = read_settings().with_(**overrides)
         if batch and self.settings.threads is None:
             from evidentia.runtime import batch_threads
 

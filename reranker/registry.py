@@ -1,7 +1,8 @@
 """Reranker names -> implementations.
 
-Adding a reranker means one entry in ``_CLASSES`` (module, class) and a class
-with ``from_settings(settings, threshold)``; the engine, and so the CLI,
+Adding a reranker means one entry in ``_CLASSES`` (module, class), its name in
+evidentia/config.py's ``RERANKERS`` (EVIDENTIA_DEFAULT_RERANKER is checked against it
+at start-up) and a class with ``from_settings(settings, threshold)``; the engine, and so the CLI,
 evaluation and API, take every name listed here without other change. Classes
 are imported by name, so torch and openai load only when a reranker is used.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-from evidentia.config import ConfigError, Settings
+from evidentia.config import RERANKERS, ConfigError, Settings
 from evidentia.reranker.base import Reranker
 
 # name -> (module, class), imported on first use; a class object is taken as it is.
@@ -21,6 +22,8 @@ _CLASSES: dict[str, "tuple[str, str] | type[Reranker]"] = {
     "classifier": ("evidentia.reranker.classifier", "ClassifierReranker"),
     "cosine": ("evidentia.reranker.cosine", "CosineReranker"),  # untrained bi-encoder baseline (no probability)
 }
+# config.py validates EVIDENTIA_DEFAULT_RERANKER with these names without importing this package
+assert tuple(_CLASSES) == RERANKERS, f"config.RERANKERS {RERANKERS} differs from the registry's {tuple(_CLASSES)}"
 
 
 def reranker_names() -> list[str]:

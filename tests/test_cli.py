@@ -579,3 +579,53 @@ def test_a_fallback_warning_says_the_first_stage_order_once(cli, indexed, monkey
     warning = [line for line in result.stderr.splitlines() if line.startswith("warning: the llm reranker")]
     assert len(warning) == 1 and "order is shown" in warning[0]
     assert "first-stage order returned" not in warning[0]
+
+
+# --- settings: refused at start-up in one line, or warned about ---------------------------
+
+
+def test_a_bad_default_reranker_is_named_as_the_setting_not_as_a_flag_never_given(cli, monkeypatch):
+    monkeypatch.setenv("EVIDENTIA_DEFAULT_RERANKER", "foo")
+    result = cli("search", "--doc", "x", "-q", "emissions")
+    assert result.exit_code == 2
+    assert result.stderr == ("error: EVIDENTIA_DEFAULT_RERANKER must be one of none, llm, classifier, cosine, "
+                             "not 'foo'\n")
+
+
+@pytest.mark.parametrize("env, expected", [
+    # an OverflowError's 195-line traceback from the extraction's wait
+    ({"EVIDENTIA_EXTRACT_TIMEOUT_S": "3000000"}, "EVIDENTIA_EXTRACT_TIMEOUT_S must be a positive number of seconds, "
+     "at most 86400 (a day), not '3000000'"),
+    ({"EVIDENTIA_EXTRACT_TIMEOUT_S": "inf"}, "EVIDENTIA_EXTRACT_TIMEOUT_S must be a positive number of seconds, "
+     "at most 86400 (a day), not 'inf'"),
+    ({"EVIDENTIA_DENSE": "on", "EVIDENTIA_DENSE_WINDOW_OVERLAP": "500"}, "EVIDENTIA_DENSE_WINDOW_OVERLAP must be "
+     "less than EVIDENTIA_DENSE_MAX_TOKENS - 2 (254), not 500"),
+])
+def test_index_refuses_settings_it_cannot_use_before_any_work(cli, multilingual_pdf, monkeypatch, env, expected):
+    for name, raw in env.items():
+        monkeypatch.setenv(name, raw)
+    result = cli("index", multilingual_pdf.path)
+    assert result.exit_code == 2
+    assert result.stderr == f"error: {expected}\n"
+
+
+def test_unknown_variables_and_an_ignored_elasticsearch_url_are_warned_about(cli, monkeypatch):
+    monkeypatch.setenv("EVIDENTIA_TOP_K", "abc")  # the setting is EVIDENTIA_POOL_SIZE
+    monkeypatch.setenv("EVIDENTIA_ES_URL", "http://localhost:9200")
+    monkeypatch.setenv("EVIDENTIA_UI_SCREENSHOTS", "docs")  # read by a test: not warned about
+    result = cli("docs")
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines() == [
+        "warning: EVIDENTIA_TOP_K is not a setting of Evidentia and is ignored; did you mean EVIDENTIA_POOL_SIZE?",
+        "warning: EVIDENTIA_ES_URL is set but EVIDENTIA_BACKEND is embedded; set EVIDENTIA_BACKEND=elasticsearch "
+        "to use it"]
+
+
+def test_the_settings_warnings_are_said_once_per_command(cli, monkeypatch, capsys):
+    from evidentia.console import read_settings
+
+    monkeypatch.setenv("EVIDENTIA_TOP_K", "abc")
+    assert cli("docs").stderr.count("EVIDENTIA_TOP_K") == 1
+    read_settings()  # the same command reading them again (train does) says nothing more
+    assert "EVIDENTIA_TOP_K" not in capsys.readouterr().err
+    assert cli("docs").stderr.count("EVIDENTIA_TOP_K") == 1  # the next command says it again

@@ -1,0 +1,64 @@
+"""``evidentia serve``'s start-up, in process: what it cannot serve with is refused in one
+line before the server starts (uvicorn.run is replaced; nothing listens)."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from evidentia.cli import app
+from tests.utils.server import free_port
+
+
+@pytest.fixture
+def serve(monkeypatch):
+    """Run `evidentia serve`; returns (result, whether the server would have started)."""
+    import uvicorn
+
+    started = []
+    monkeypatch.setattr(uvicorn, "run", lambda *args, **kwargs: started.append(True))
+
+    def invoke():
+        result = CliRunner().invoke(app, ["serve", "--port", str(free_port())])
+        return result, bool(started)
+
+    return invoke
+
+
+@pytest.mark.parametrize("env, expected", [
+    # each started a server whose /ready answered 503 for ever
+    ({"EVIDENTIA_DEFAULT_RERANKER": "foo"},
+     "EVIDENTIA_DEFAULT_RERANKER must be one of none, llm, classifier, cosine, not 'foo'"),
+    ({"EVIDENTIA_DENSE_WINDOW_OVERLAP": "500"},
+     "EVIDENTIA_DENSE_WINDOW_OVERLAP must be less than EVIDENTIA_DENSE_MAX_TOKENS - 2 (254), not 500"),
+    # every page image failed (500)
+    ({"EVIDENTIA_RENDER_TIMEOUT_S": "inf"},
+     "EVIDENTIA_RENDER_TIMEOUT_S must be a positive number of seconds, at most 86400 (a day), not 'inf'"),
+])
+def test_settings_it_cannot_serve_with_stop_serve_in_one_line(serve, monkeypatch, env, expected):
+    for name, raw in env.items():
+        monkeypatch.setenv(name, raw)
+    result, started = serve()
+    assert not started
+    assert result.exit_code == 2 and result.stderr == f"error: {expected}\n"
+
+
+def test_a_data_dir_it_cannot_write_stops_serve_in_one_line(serve, monkeypatch, tmp_path):
+    """The store opened in the app's startup: a 60-line traceback and "Application startup failed"."""
+    taken = tmp_path / "a-file"
+    taken.write_text("not a folder")
+    monkeypatch.setenv("EVIDENTIA_DATA_DIR", str(taken))
+    result, started = serve()
+    assert not started
+    assert result.exit_code == 3
+    assert result.stderr.startswith(f"error: cannot create the data folder {taken}: ")
+    assert result.stderr.endswith("; set EVIDENTIA_DATA_DIR to a folder you can write\n")
+    assert result.stderr.count("\n") == 1
+
+
+def test_serve_warns_about_unknown_variables_and_starts(serve, monkeypatch):
+    monkeypatch.setenv("EVIDENTIA_TOP_K", "abc")
+    result, started = serve()
+    assert started and result.exit_code == 0, result.output
+    assert result.stderr == ("warning: EVIDENTIA_TOP_K is not a setting of Evidentia and is ignored; did you mean "
+                             "EVIDENTIA_POOL_SIZE?\n")
