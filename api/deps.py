@@ -7,6 +7,7 @@ import asyncio
 import hmac
 import inspect
 import math
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, TypeVar
@@ -17,6 +18,7 @@ from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBea
 
 from evidentia.api.errors import ApiError
 from evidentia.api.services import Services
+from evidentia.runtime import Overloaded
 from evidentia.store import ApiKey
 
 T = TypeVar("T")
@@ -98,8 +100,14 @@ async def run_blocking(services: Services, fn: Callable[..., T], *args, timeout:
     abandoned, not killed: ``fn`` must write nothing that a timed-out request must
     not leave behind (callers store results after this returns)."""
     limit = services.settings.request_timeout_s if timeout is None else timeout
+    work = _to_thread(lambda: fn(*args)) if limiter is None else _holding(limiter, lambda: fn(*args))
     try:
-        return await asyncio.wait_for(_to_thread(lambda: fn(*args), limiter), limit)
+        return await asyncio.wait_for(work, limit)
+    except Overloaded as exc:  # refused at once: the line of searches would not reach it in time
+        retry = math.ceil(exc.retry_after_s)
+        raise ApiError(503, "overloaded", f"the server is busy: this request would not be answered within "
+                       f"{limit:g} s (EVIDENTIA_REQUEST_TIMEOUT_S); retry after {retry} s",
+                       {"retry_after_s": retry}, headers={"Retry-After": str(retry)}) from None
     except (asyncio.TimeoutError, TimeoutError):
         raise ApiError(504, "timeout", f"the request took longer than {limit:g} s (EVIDENTIA_REQUEST_TIMEOUT_S); "
                        f"retry later, or with fewer documents or a smaller top_k", {"timeout_s": limit}) from None
@@ -112,6 +120,46 @@ _ABANDON = ("abandon_on_cancel" if "abandon_on_cancel" in inspect.signature(anyi
 
 async def _to_thread(fn: Callable[[], T], limiter: anyio.CapacityLimiter | None = None) -> T:
     return await anyio.to_thread.run_sync(fn, limiter=limiter, **{_ABANDON: True})
+
+
+async def _holding(limiter: anyio.CapacityLimiter, fn: Callable[[], T]) -> T:
+    """``fn`` in a worker thread, holding a token of ``limiter`` until ``fn`` returns,
+    even when the request gave up on it first. anyio's own ``limiter=`` gives the token
+    back when the awaiting request is cancelled (a 504) while the abandoned thread goes
+    on: under overload each tenant then ran ever more searches at once, and 222 of 232
+    validations timed out (3 s timeout, 6 tenants x 5 clients). A thread that had not
+    started when its request gave up does not run at all."""
+    token = object()
+    await limiter.acquire_on_behalf_of(token)
+    loop = asyncio.get_running_loop()
+    state = threading.Lock()
+    started = given_up = False
+
+    def release() -> None:
+        try:
+            loop.call_soon_threadsafe(limiter.release_on_behalf_of, token)
+        except RuntimeError:  # the loop is closed: the server stopped
+            pass
+
+    def run() -> T:
+        nonlocal started
+        with state:
+            if given_up:
+                raise TimeoutError
+            started = True
+        try:
+            return fn()
+        finally:
+            release()
+
+    try:
+        return await _to_thread(run)
+    except BaseException:
+        with state:
+            if not started:  # never will: the token is given back here
+                given_up = True
+                limiter.release_on_behalf_of(token)
+        raise
 
 
 def deadline(services: Services) -> float:

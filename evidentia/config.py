@@ -281,6 +281,10 @@ class Settings:
     rate_limit_per_minute: int = setting(600, "requests per API key (token bucket)", parse=positive_int)
     default_reranker: str = setting("none", "reranker when a request or `search` names none; the API loads it "
                                     "before `/ready`", parse=choice(*RERANKERS))
+    search_concurrency: int | None = setting(None, "searches computed at once (first stage and a local reranker); "
+                                             "the others wait, and a validation that would not end within "
+                                             "EVIDENTIA_REQUEST_TIMEOUT_S is refused at once (503, Retry-After); "
+                                             "unset: one per usable CPU", parse=positive_int)
     rerank_concurrency: int = setting(1, "local-compute reranker calls (classifier) running at once; the others "
                                       "queue", parse=positive_int)
     tenant_concurrency: int = setting(2, "searches of one tenant running at once, and uploads of one tenant being "

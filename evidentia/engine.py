@@ -26,6 +26,7 @@ from evidentia.records import Candidate, Query, RankedPage
 from evidentia.reranker.base import Reranker
 from evidentia.reranker.cache import RerankerCache
 from evidentia.reranker.registry import reranker_class, reranker_names
+from evidentia.runtime import ComputeGate, usable_cpus
 from evidentia.retriever.base import MissingVectorsError, SearchBackend, UnknownDocumentError
 from evidentia.retriever.query import build_query
 from evidentia.retriever.stages import BM25Retriever, DenseRetriever, FirstStage, HybridRetriever
@@ -176,6 +177,8 @@ class Engine:
         self._lock = threading.Lock()
         # rerankers that encode text share the engine's embedder: one model per process
         self.rerankers = RerankerCache(settings, shared_embedder=lambda: self.embedder)
+        # searches share the cores: admitted all at once, each took as long as all of them
+        self.search_gate = ComputeGate(settings.search_concurrency or usable_cpus())
 
     # -- parts -----------------------------------------------------------------
     @property
@@ -352,38 +355,46 @@ class Engine:
             reranker: Reranker | None = None, deadline: float | None = None) -> SearchResult:
         """One query through the first stage and the reranker. ``reranker``
         overrides the configured one (evaluation passes its own); ``deadline``
-        (time.monotonic()) bounds the wait for a local-compute slot (TimeoutError)
-        and a reranker that ``takes_deadline`` (the LLM falls back by it)."""
+        (time.monotonic()) bounds the wait for a search slot and a local-compute
+        slot (TimeoutError; Overloaded at once when the line would not reach it in
+        time: runtime.ComputeGate) and a reranker that ``takes_deadline`` (the LLM
+        falls back by it)."""
         t0 = time.perf_counter()
         timings: dict[str, float] = {}
         reranker = reranker if reranker is not None else self.reranker(config)
-        t1 = time.perf_counter()
-        without: tuple[str, ...] = ()
-        if not query.keywords:
-            # only stop words or punctuation ("???"): BM25 finds nothing, and the nearest
-            # pages to such a text's embedding mean nothing either. No index search then, which
-            # is where an unknown document is found otherwise: looked up here, or "no searchable
-            # word" hid a wrong document id
-            unknown = [d for d in dict.fromkeys(doc_ids) if self.backend.get_document(d) is None]
-            if unknown:
-                raise UnknownDocumentError(unknown)
-            candidates = []
-        elif config.bm25_fallback:
-            candidates, without = self.retrieve_or_bm25(query, doc_ids, config.stage, config.pool_size, timings)
-        else:
-            candidates = self.retrieve(query, doc_ids, config.stage, config.pool_size, timings)
-        t2 = time.perf_counter()
-        with self.rerankers.gate(reranker, deadline) as waited:
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError
-            t3 = time.perf_counter()
-            reranker.attach_backend(self.backend)  # rerankers that read page vectors stored at indexing time
-            if reranker.takes_deadline and deadline is not None:  # the LLM: bounded by the same deadline
-                result = reranker.rerank(query, candidates, deadline=deadline)
+        loaded = time.perf_counter()
+        # the first stage and a local reranker hold one of the engine's search slots (an LLM
+        # reranker the API awaits outside this call: it is passed here as NoReranker)
+        with self.search_gate.enter(deadline) as waited_search:
+            t1 = time.perf_counter()
+            without: tuple[str, ...] = ()
+            if not query.keywords:
+                # only stop words or punctuation ("???"): BM25 finds nothing, and the nearest
+                # pages to such a text's embedding mean nothing either. No index search then, which
+                # is where an unknown document is found otherwise: looked up here, or "no searchable
+                # word" hid a wrong document id
+                unknown = [d for d in dict.fromkeys(doc_ids) if self.backend.get_document(d) is None]
+                if unknown:
+                    raise UnknownDocumentError(unknown)
+                candidates = []
+            elif config.bm25_fallback:
+                candidates, without = self.retrieve_or_bm25(query, doc_ids, config.stage, config.pool_size,
+                                                            timings)
             else:
-                result = reranker.rerank(query, candidates)
+                candidates = self.retrieve(query, doc_ids, config.stage, config.pool_size, timings)
+            t2 = time.perf_counter()
+            with self.rerankers.gate(reranker, deadline) as waited:
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError
+                t3 = time.perf_counter()
+                reranker.attach_backend(self.backend)  # rerankers that read page vectors stored at indexing time
+                if reranker.takes_deadline and deadline is not None:  # the LLM: bounded by the same deadline
+                    result = reranker.rerank(query, candidates, deadline=deadline)
+                else:
+                    result = reranker.rerank(query, candidates)
         t4 = time.perf_counter()
-        timings.update({"load": (t1 - t0) * 1000, "retrieve": (t2 - t1) * 1000, "queue": waited * 1000,
+        timings.update({"load": (loaded - t0) * 1000, "retrieve": (t2 - t1) * 1000,
+                        "queue": (waited_search + waited) * 1000,
                         "rerank": (t4 - t3) * 1000, "total": (t4 - t0) * 1000})
         return SearchResult(query=query, candidates=candidates, pages=result.pages, config=config,
                             reranker=reranker.name, fallback_reason=result.fallback_reason,

@@ -4,8 +4,12 @@ torch's start-up just to learn there is no GPU)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
+import time
 from pathlib import Path
+from typing import Iterator
 
 MAX_DEFAULT_THREADS = 4
 
@@ -97,3 +101,67 @@ def keep_files_private() -> None:
     questions, answers and analysts' verdicts, and under the usual umask 022 every local
     user could read them. A group that must share them sets the data dir's mode itself."""
     os.umask(os.umask(0) | 0o077)
+
+
+class Overloaded(TimeoutError):
+    """A compute slot would not free up, or its work would not end, before the
+    request's deadline: refused at once rather than after waiting for it."""
+
+    def __init__(self, retry_after_s: float) -> None:
+        super().__init__(f"no compute slot before the deadline; retry after {retry_after_s:.0f} s")
+        self.retry_after_s = retry_after_s
+
+
+class ComputeGate:
+    """At most ``slots`` calls at once of work that computes on this machine's cores;
+    the others wait in line. ``enter(deadline)`` refuses a call at once (Overloaded)
+    when the calls in line ahead, at the time a call usually holds a slot (a moving
+    average), would not let it end by its deadline, or when it gets a slot too late
+    to end by then.
+
+    Why refuse at once: under overload, work shared the cores with everything
+    admitted, every call took as long as all of them, and calls that waited until
+    their deadline (or started just before it and ran past it) computed answers no
+    client received: 10 of 232 validations answered (3 s timeout, 6 tenants x 5
+    clients, docs/BENCHMARKS.md section 8as)."""
+
+    SMOOTHING = 0.2  # weight of the latest call in the average: about the last ten count
+
+    def __init__(self, slots: int) -> None:
+        if slots <= 0:
+            raise ValueError("slots must be positive")
+        self.slots = slots
+        self._semaphore = threading.BoundedSemaphore(slots)
+        self._lock = threading.Lock()
+        self._in_line = 0  # holding a slot or waiting for one
+        self.hold_s: float | None = None
+
+    @contextlib.contextmanager
+    def enter(self, deadline: float | None = None) -> Iterator[float]:
+        """Holds a slot; yields the seconds waited for it. ``deadline``: time.monotonic()."""
+        t0 = time.monotonic()
+        with self._lock:
+            ahead, hold_s = self._in_line, self.hold_s
+            if deadline is not None and hold_s is not None:
+                done_at = t0 + (ahead // self.slots + 1) * hold_s
+                if done_at > deadline:
+                    raise Overloaded(max(1.0, done_at - t0))
+            self._in_line += 1
+        try:
+            timeout = None if deadline is None else max(0.0, deadline - t0)
+            if not self._semaphore.acquire(timeout=timeout):
+                raise TimeoutError
+            t1 = time.monotonic()
+            try:
+                if deadline is not None and hold_s is not None and t1 + hold_s > deadline:
+                    raise Overloaded(max(1.0, hold_s))  # it would end past the deadline: no one would get it
+                yield t1 - t0
+            finally:
+                self._semaphore.release()
+                held = time.monotonic() - t1
+                with self._lock:
+                    self.hold_s = held if self.hold_s is None else (
+                        self.SMOOTHING * held + (1 - self.SMOOTHING) * self.hold_s)
+        finally:
+            with self._lock:
+                self._in_line -= 1

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections import OrderedDict
 from pathlib import Path
 from typing import Callable
 
 from evidentia.config import Settings
+from evidentia.runtime import ComputeGate
 from evidentia.reranker.base import Reranker
 from evidentia.reranker.registry import create_reranker, current_model_dir
 
@@ -30,7 +30,7 @@ class RerankerCache:
         self._items: "OrderedDict[tuple[str, float | None], Reranker]" = OrderedDict()
         self._lock = threading.Lock()
         self._create_locks: dict[str, threading.Lock] = {}
-        self._gates: dict[str, threading.BoundedSemaphore] = {}
+        self._gates: dict[str, ComputeGate] = {}
 
     def _lookup(self, key):
         with self._lock:
@@ -79,19 +79,13 @@ class RerankerCache:
     @contextlib.contextmanager
     def gate(self, reranker: Reranker, deadline: float | None = None):
         """Bounds concurrent calls of rerankers that compute locally; yields the
-        seconds waited. Raises TimeoutError when no slot frees up before
-        ``deadline`` (time.monotonic())."""
+        seconds waited. With a ``deadline`` (time.monotonic()): Overloaded at once when
+        the line would not reach this call in time, TimeoutError when no slot frees up
+        in time (runtime.ComputeGate)."""
         if not reranker.computes_locally:
             yield 0.0
             return
         with self._lock:
-            gate = self._gates.setdefault(reranker.name,
-                                          threading.BoundedSemaphore(self.settings.rerank_concurrency))
-        t0 = time.monotonic()
-        timeout = None if deadline is None else max(0.0, deadline - t0)
-        if not gate.acquire(timeout=timeout):
-            raise TimeoutError
-        try:
-            yield time.monotonic() - t0
-        finally:
-            gate.release()
+            gate = self._gates.setdefault(reranker.name, ComputeGate(self.settings.rerank_concurrency))
+        with gate.enter(deadline) as waited:
+            yield waited

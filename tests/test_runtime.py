@@ -117,3 +117,54 @@ def test_the_data_dir_a_command_writes_is_its_users_alone(tmp_path):
     made = [data, *data.rglob("*")]
     assert len(made) > 5
     assert [p for p in made if p.stat().st_mode & 0o077] == []
+
+
+def test_a_call_the_line_would_not_reach_in_time_is_refused_at_once():
+    """Calls that waited until their deadline, or took a slot too late to end by it,
+    computed answers no client received (10 of 232 validations answered under overload)."""
+    import threading
+    import time
+
+    gate = runtime.ComputeGate(1)
+    with gate.enter():
+        time.sleep(0.2)  # the usual hold: 0.2 s
+    assert 0.15 < gate.hold_s < 0.5
+    release = threading.Event()
+
+    def hold():
+        with gate.enter():
+            release.wait(5)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    time.sleep(0.05)
+    t0 = time.monotonic()
+    with pytest.raises(runtime.Overloaded) as refused:
+        with gate.enter(deadline=time.monotonic() + 0.3):  # one ahead + its own: 0.4 s
+            pass
+    assert time.monotonic() - t0 < 0.05 and refused.value.retry_after_s >= 1
+    threading.Timer(0.1, release.set).start()
+    with gate.enter(deadline=time.monotonic() + 5) as waited:  # time enough: it waits its turn
+        assert waited > 0.05
+    holder.join()
+
+
+def test_a_call_without_a_deadline_waits_its_turn():
+    import threading
+    import time
+
+    gate = runtime.ComputeGate(1)
+    order = []
+
+    def first():
+        with gate.enter():
+            time.sleep(0.2)
+            order.append("first")
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    time.sleep(0.05)
+    with gate.enter() as waited:
+        order.append("second")
+    thread.join()
+    assert order == ["first", "second"] and waited > 0.1

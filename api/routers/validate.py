@@ -128,7 +128,8 @@ async def validate_options(caller: Caller = Depends(require_tenant),
             "`hybrid` while the server runs with EVIDENTIA_DENSE=off.")},
         503: {"model": ErrorResponse, "description": (
             "Not ready yet, or the search engine, the reranker or the embedding model (`dense`, `hybrid`) is "
-            "unavailable.")},
+            "unavailable, or the server is too busy to answer within EVIDENTIA_REQUEST_TIMEOUT_S (`overloaded`, "
+            "with Retry-After).")},
     },
 )
 async def validate(body: ValidateRequest, request: Request, caller: Caller = Depends(require_tenant),
@@ -149,6 +150,8 @@ async def validate(body: ValidateRequest, request: Request, caller: Caller = Dep
     stage = config.stage
 
     def work():
+        if time.monotonic() > until:  # queued for a slot past the deadline: the client has its 504
+            raise TimeoutError
         try:
             reranker = engine.reranker(config)
         except ConfigError as exc:

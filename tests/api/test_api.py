@@ -938,3 +938,22 @@ def test_a_full_disk_fails_the_upload_with_507_and_the_indexing_with_a_reason(cl
     assert upload(client, headers, sample_pdf, "full").status_code == 202
     doc = wait_indexed(client, headers, "full")
     assert doc["status"] == "failed" and doc["reason"] == "the server ran out of disk space; upload it again"
+
+
+def test_a_validation_the_line_would_not_reach_in_time_is_503_with_retry_after(client, sample_pdf, monkeypatch):
+    """Under overload each validation used to wait (or compute) until its 504; refused at
+    once, the client is told when to come back (runtime.ComputeGate)."""
+    from evidentia.runtime import Overloaded
+
+    headers = new_tenant(client)
+    ready_document(client, headers, sample_pdf)
+    engine = services_of(client).engine
+
+    def overloaded(*args, **kwargs):
+        raise Overloaded(4.2)
+
+    monkeypatch.setattr(engine, "run", overloaded)
+    response = validate(client, headers, ["acme-2023"])
+    err = assert_error(response, 503, "overloaded")
+    assert response.headers["Retry-After"] == "5" and err["details"] == {"retry_after_s": 5}
+    assert "retry after 5 s" in err["message"]

@@ -144,15 +144,16 @@ def test_documents_embedded_by_another_model_are_409_without_the_servers_paths(t
 
 
 class SlowEmbedder:
-    """The real embedder, one page at a time with a pause, counting the pages it embedded."""
+    """The real embedder, one page at a time with a pause, counting the pages of the long
+    document it embedded (a re-upload's own pages are not counted)."""
 
     def __init__(self, real) -> None:
         self.real, self.pages = real, 0
 
     def embed_pages(self, pages, on_progress=None):
-        for _ in pages:
+        for page in pages:
             time.sleep(0.02)
-            self.pages += 1
+            self.pages += page.text.endswith("of a long annual report.")
             if on_progress:
                 on_progress(1)
         return self.real.embed_pages(pages)
@@ -177,7 +178,7 @@ def test_a_document_deleted_or_replaced_while_embedded_stops_being_embedded(dens
         assert upload(client, headers, report_pdf_of(tmp_path), "long").status_code == 202
     at_cancel = slow.pages
     time.sleep(1.0)  # 50 pages' time
-    assert slow.pages <= at_cancel + 2, (at_cancel, slow.pages)
+    assert slow.pages <= at_cancel + 1, (at_cancel, slow.pages)  # the page in hand when it was cancelled
 
 
 def report_pdf_of(tmp_path: Path) -> Path:
