@@ -44,6 +44,11 @@ def serve_command(
     if problem:
         raise fail(problem, EXIT_BACKEND)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if log_level != "debug":
+        # Elasticsearch's client logs every request at INFO, and each retry of a cluster that
+        # is down as a warning with its traceback: 1,029 lines in 12 s. The server says once
+        # per new reason that the cluster cannot be reached (Services._check_failed)
+        logging.getLogger("elastic_transport").setLevel(logging.ERROR)
     app = create_app(settings)
     try:  # probes Tesseract now: a bad EVIDENTIA_OCR_LANGUAGES stops here, in one line, not in the app's startup
         app.state.services.engine.ocr  # noqa: B018

@@ -126,9 +126,9 @@ async def _holding(limiter: anyio.CapacityLimiter, fn: Callable[[], T]) -> T:
     """``fn`` in a worker thread, holding a token of ``limiter`` until ``fn`` returns,
     even when the request gave up on it first. anyio's own ``limiter=`` gives the token
     back when the awaiting request is cancelled (a 504) while the abandoned thread goes
-    on: under overload each tenant then ran ever more searches at once, and 222 of 232
-    validations timed out (3 s timeout, 6 tenants x 5 clients). A thread that had not
-    started when its request gave up does not run at all."""
+    on: under overload each tenant then ran ever more searches at once, all slower
+    (bench/bench_overload.py). A thread that had not started when its request gave up
+    does not run at all."""
     token = object()
     await limiter.acquire_on_behalf_of(token)
     loop = asyncio.get_running_loop()

@@ -122,8 +122,8 @@ class ComputeGate:
     Why refuse at once: under overload, work shared the cores with everything
     admitted, every call took as long as all of them, and calls that waited until
     their deadline (or started just before it and ran past it) computed answers no
-    client received: 10 of 232 validations answered (3 s timeout, 6 tenants x 5
-    clients, docs/BENCHMARKS.md section 8as)."""
+    client received: 1 validation answered in 30 s (3 s timeout, 6 tenants x 5
+    clients, bench/bench_overload.py; 93 with this gate, docs/BENCHMARKS.md section 8as)."""
 
     SMOOTHING = 0.2  # weight of the latest call in the average: about the last ten count
 

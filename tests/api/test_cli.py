@@ -62,3 +62,15 @@ def test_serve_warns_about_unknown_variables_and_starts(serve, monkeypatch):
     assert started and result.exit_code == 0, result.output
     assert result.stderr == ("warning: EVIDENTIA_TOP_K is not a setting of Evidentia and is ignored; did you mean "
                              "EVIDENTIA_POOL_SIZE?\n")
+
+
+def test_serve_keeps_the_elasticsearch_clients_log_to_errors(serve, monkeypatch, tmp_path):
+    """With the cluster down the client logged each retry with its traceback: 1,029 lines in 12 s."""
+    import logging
+
+    monkeypatch.setenv("EVIDENTIA_DATA_DIR", str(tmp_path))
+    client_log = logging.getLogger("elastic_transport")
+    monkeypatch.setattr(client_log, "level", logging.NOTSET)
+    result, started = serve()
+    assert started, result.output
+    assert client_log.level == logging.ERROR
