@@ -153,7 +153,9 @@ async def _holding(limiter: anyio.CapacityLimiter, fn: Callable[[], T]) -> T:
             release()
 
     try:
-        return await _to_thread(run)
+        # a limiter of its own: the thread must not take a token of anyio's shared pool, which
+        # every request's sync dependencies need (api/tenant_slots.py); the tenant's token bounds it
+        return await _to_thread(run, anyio.CapacityLimiter(1))
     except BaseException:
         with state:
             if not started:  # never will: the token is given back here

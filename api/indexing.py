@@ -33,6 +33,7 @@ import collections
 import itertools
 import logging
 import shutil
+import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -300,11 +301,14 @@ class IndexingWorker:
         try:
             self._index_document(tenant, document_id, generation)
         except Exception as exc:
-            # a disk full while the vectors were written left the document 'indexing' for
-            # good, even once space was freed: it fails, with the reason, and can be uploaded again
             log.exception("indexing %s:%s failed unexpectedly", tenant, document_id)
+            if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+                return  # the store was busy: the document stays 'indexing' and the next start re-queues it
+            # a disk full while the vectors were written left the document 'indexing' for
+            # good, even once space was freed: it fails, with the reason, and can be uploaded again.
+            # The exception's text stays in the log: it may name the server's files
             reason = ("the server ran out of disk space" if out_of_space(exc)
-                      else f"the server could not index the file ({type(exc).__name__}: {exc})")
+                      else f"the server could not index the file ({type(exc).__name__})")
             try:
                 self._fail(tenant, document_id, generation, f"{reason}; upload it again")
             except Exception:  # the store cannot be written either: the next start re-queues it

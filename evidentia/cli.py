@@ -23,9 +23,6 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=N
 def main_options(verbose: bool = typer.Option(False, "--verbose", "-v",
                                               help="Also show third-party progress bars and warnings.")):
     quiet_libraries(verbose)
-    from evidentia.runtime import keep_files_private
-
-    keep_files_private()
     warn_about_environment()
 
 

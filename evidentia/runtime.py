@@ -95,12 +95,15 @@ def release_freed_memory() -> bool:
     return True
 
 
-def keep_files_private() -> None:
-    """Files and folders this process creates are its user's alone (umask 077 added to
-    the one it has): the data dir holds suppliers' confidential PDFs, their text, the
-    questions, answers and analysts' verdicts, and under the usual umask 022 every local
-    user could read them. A group that must share them sets the data dir's mode itself."""
-    os.umask(os.umask(0) | 0o077)
+def make_private_dir(path: Path) -> Path:
+    """Create the data dir ``path`` (and its parents) where it is missing, entered by its
+    user alone (0700): it holds suppliers' confidential PDFs, their text, the questions,
+    answers and analysts' verdicts, and under the usual umask 022 every local user could
+    read them. A data dir that exists keeps its mode (a group that must share one sets it)."""
+    path = Path(path)
+    if not path.is_dir():
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path
 
 
 class Overloaded(TimeoutError):
@@ -114,10 +117,12 @@ class Overloaded(TimeoutError):
 
 class ComputeGate:
     """At most ``slots`` calls at once of work that computes on this machine's cores;
-    the others wait in line. ``enter(deadline)`` refuses a call at once (Overloaded)
-    when the calls in line ahead, at the time a call usually holds a slot (a moving
-    average), would not let it end by its deadline, or when it gets a slot too late
-    to end by then.
+    the others wait in line. ``enter(deadline)`` refuses a call that finds a line at
+    once (Overloaded) when the calls ahead, at the time a call usually holds a slot (a
+    moving average of the calls that ran), would not let it end by its deadline, and
+    one that waited in line when it gets its slot too late to end by then. A call
+    that finds a free slot always runs: so the average is measured again, and a slow
+    call (the first, with cold caches) cannot have every later one refused.
 
     Why refuse at once: under overload, work shared the cores with everything
     admitted, every call took as long as all of them, and calls that waited until
@@ -142,7 +147,8 @@ class ComputeGate:
         t0 = time.monotonic()
         with self._lock:
             ahead, hold_s = self._in_line, self.hold_s
-            if deadline is not None and hold_s is not None:
+            in_line = ahead >= self.slots  # no free slot: it waits behind the others
+            if deadline is not None and hold_s is not None and in_line:
                 done_at = t0 + (ahead // self.slots + 1) * hold_s
                 if done_at > deadline:
                     raise Overloaded(max(1.0, done_at - t0))
@@ -152,16 +158,19 @@ class ComputeGate:
             if not self._semaphore.acquire(timeout=timeout):
                 raise TimeoutError
             t1 = time.monotonic()
+            ran = False
             try:
-                if deadline is not None and hold_s is not None and t1 + hold_s > deadline:
+                if deadline is not None and hold_s is not None and in_line and t1 + hold_s > deadline:
                     raise Overloaded(max(1.0, hold_s))  # it would end past the deadline: no one would get it
                 yield t1 - t0
+                ran = True
             finally:
                 self._semaphore.release()
-                held = time.monotonic() - t1
-                with self._lock:
-                    self.hold_s = held if self.hold_s is None else (
-                        self.SMOOTHING * held + (1 - self.SMOOTHING) * self.hold_s)
+                if ran:  # a call refused, or failing at once, says nothing of how long work takes
+                    held = time.monotonic() - t1
+                    with self._lock:
+                        self.hold_s = held if self.hold_s is None else (
+                            self.SMOOTHING * held + (1 - self.SMOOTHING) * self.hold_s)
         finally:
             with self._lock:
                 self._in_line -= 1

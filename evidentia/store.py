@@ -26,6 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePath
 from typing import Any, Iterator, Sequence
 
+from evidentia.runtime import make_private_dir
 from evidentia.text import normalise_numbers
 
 SCHEMA_VERSION = 4  # 2: documents.ocr; 3: attempts and next_* (re-index while serving); 4: validations.generations
@@ -296,7 +297,7 @@ class Store:
 
     def __post_init__(self) -> None:
         self.path = Path(self.path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_private_dir(self.path.parent)  # the data dir
         try:
             # autocommit mode: transactions are explicit (BEGIN IMMEDIATE ... COMMIT)
             self._conn = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None,
@@ -422,10 +423,12 @@ class Store:
     def _stored_path(self, path: str | None) -> str | None:
         if not path:
             return path
-        try:
-            return Path(path).resolve().relative_to(self.path.parent.resolve()).as_posix()
-        except ValueError:  # outside the data dir: kept as given
-            return str(path)
+        for inside, data_dir in ((Path(path), self.path.parent), (Path(path).resolve(), self.path.parent.resolve())):
+            try:  # as given first: an uploads folder that is a link elsewhere resolves out of the data dir
+                return inside.relative_to(data_dir).as_posix()
+            except ValueError:
+                pass
+        return str(path)  # outside the data dir: kept as given
 
     def _file_path(self, stored: str | None) -> str | None:
         if not stored:
@@ -434,9 +437,11 @@ class Store:
         if not path.is_absolute():
             return str(self.path.parent / path)
         parts = path.parts
-        if UPLOADS_FOLDER in parts:  # a row written with absolute paths: its place in this data dir
-            after = parts[len(parts) - parts[::-1].index(UPLOADS_FOLDER):]
-            return str(self.path.parent.joinpath(UPLOADS_FOLDER, *after))
+        if len(parts) >= 4 and parts[-4] == UPLOADS_FOLDER:
+            # a row written with absolute paths (uploads/<tenant>/<generation>/<file>, the layout of
+            # api/routers/documents.py and library.py): its place in this data dir. By position:
+            # a tenant may be named "uploads" too
+            return str(self.path.parent.joinpath(UPLOADS_FOLDER, *parts[-3:]))
         return stored
 
     def _document(self, row: sqlite3.Row) -> DocumentRow:

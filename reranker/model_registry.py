@@ -23,6 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
+from evidentia.runtime import make_private_dir
 from evidentia.reranker.classifier_model import METADATA_FILE, SHIPPED_MODEL_DIR, ModelLoadError, ModelMetadata
 
 # The layout is defined here, once: `evidentia train`/`retrain` write through
@@ -93,6 +94,7 @@ class ModelRegistry:
     @contextmanager
     def _locked(self) -> Iterator[dict]:
         """Read-modify-write of registry.json under an exclusive lock."""
+        make_private_dir(self.root.parent)  # the data dir, when models are its first files
         self.root.mkdir(parents=True, exist_ok=True)
         with open(self.root / ".lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)

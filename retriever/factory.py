@@ -15,4 +15,6 @@ def open_backend(settings: Settings) -> SearchBackend:
         return ElasticsearchBackend(settings.es_url, index=settings.es_index, api_key=settings.es_api_key)
     from evidentia.retriever.tantivy_backend import TantivyBackend
 
-    return TantivyBackend(settings.data_dir / "index")
+    from evidentia.runtime import make_private_dir
+
+    return TantivyBackend(make_private_dir(settings.data_dir) / "index")

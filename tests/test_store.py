@@ -90,3 +90,20 @@ def test_an_uploads_file_is_found_in_the_data_dir_the_store_is_opened_in(tmp_pat
         conn.execute("UPDATE documents SET file_path = ?", (str(pdf),))
     assert Store(store_path(copy)).get_document("acme", "report").file_path == str(
         uploads_dir(copy) / "acme" / "g1" / "report.pdf")
+
+
+def test_a_tenant_named_uploads_keeps_its_files(tmp_path):
+    """Rebased after the last "uploads" folder, an old row of tenant "uploads" lost its
+    tenant, and the start-up sweep removed the real folder."""
+    import sqlite3
+
+    from evidentia.store import Store, store_path, uploads_dir
+
+    data = tmp_path / "d"
+    pdf = uploads_dir(data) / "uploads" / "g1" / "x.pdf"
+    store = Store(store_path(data))
+    store.add_tenant("uploads")
+    store.put_document("uploads", "x", "x.pdf", 8, str(pdf), "g1")
+    with sqlite3.connect(store_path(data)) as conn:  # as written before: absolute
+        conn.execute("UPDATE documents SET file_path = ?", (str(pdf),))
+    assert Store(store_path(data)).get_document("uploads", "x").file_path == str(pdf)

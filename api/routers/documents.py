@@ -374,13 +374,21 @@ async def page_text(
     services: Services = Depends(get_services),
 ) -> PageOut:
     def read_page():
-        # under doc_lock, the lock a re-upload's swap changes the index and then the row under:
-        # read apart, a row of 14 pages met an index of 9 (409 for a healthy document) or
-        # the new version's text was shown under the old row
+        # A re-upload's swap changes the index and then the row, under doc_lock: read apart, a row
+        # of 14 pages met an index of 9 (409 for a healthy document) or the new version's text
+        # was shown under the old row. The page is read outside the lock (page reads run side by
+        # side, and not behind every index write), then the row is read again under it: a swap
+        # in between, the page is read again under the lock.
+        backend = require_backend(services)
+        row = find_document(services, caller, document_id)
+        _page_number(row, page)
+        found = backend.get_page(internal_id(caller.tenant, document_id), page)
         with services.doc_lock:
+            if find_document(services, caller, document_id).generation == row.generation:
+                return found
             row = find_document(services, caller, document_id)
             _page_number(row, page)
-            return require_backend(services).get_page(internal_id(caller.tenant, document_id), page)
+            return backend.get_page(internal_id(caller.tenant, document_id), page)
 
     try:
         found = await run_blocking(services, read_page)
