@@ -25,9 +25,7 @@ import argparse
 import os
 import platform
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -37,16 +35,13 @@ from pathlib import Path
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests.utils
+from tests.utils.server import Server  # noqa: E402
+
 ADMIN = "bench-overload-admin"
 FILING = Path(__file__).resolve().parents[1] / "../shared/data/financebench-dev/pdfs/3M_2018_10K.pdf"
 QUESTION = "What is the FY2018 capital expenditure amount (in USD millions) for 3M?"
 ANSWER = "$1577 million"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run(args) -> dict:
@@ -54,22 +49,11 @@ def run(args) -> dict:
     env = dict(os.environ, EVIDENTIA_DATA_DIR=str(work / "data"), EVIDENTIA_ADMIN_KEY=ADMIN,
                EVIDENTIA_REQUEST_TIMEOUT_S=str(args.timeout), EVIDENTIA_RATE_LIMIT_PER_MINUTE="1000000",
                OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
     exe = args.evidentia or shutil.which("evidentia") or str(Path(sys.executable).with_name("evidentia"))
-    proc = subprocess.Popen([exe, "serve", "--port", str(port), "--log-level", "warning"], env=env,
-                            stdout=open(work / "server.log", "wb"), stderr=subprocess.STDOUT)
+    server = Server(env, work / "server.log", exe)
+    url = server.url
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                if httpx.get(url + "/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"the server did not start: see {work / 'server.log'}")
-            time.sleep(0.3)
+        server.wait_ready(300)
         keys = [httpx.post(url + "/v1/admin/keys", json={"tenant": f"t{n}"}, headers={"X-API-Key": ADMIN}).json()["key"]
                 for n in range(args.tenants)]
         data = args.pdf.read_bytes()
@@ -116,11 +100,7 @@ def run(args) -> dict:
         for t in threads:
             t.join()
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        server.stop()
         shutil.rmtree(work, ignore_errors=True)
     return {"machine": f"{platform.machine()}, {os.cpu_count()} CPU(s)", "evidentia": exe,
             "statuses": dict(sorted(Counter(codes).items())),

@@ -23,8 +23,6 @@ import os
 import platform
 import random
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,6 +31,9 @@ from pathlib import Path
 import httpx
 import psutil
 import pymupdf
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests.utils
+from tests.utils.server import Server  # noqa: E402
 
 ADMIN = "bench-memory-admin"
 WORDS = "emissions revenue tonnes scope water energy waste supplier audit".split()
@@ -55,12 +56,6 @@ def large_pdf(path: Path, pages: int, chars: int, seed: int) -> Path:
     return path
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def wait_indexed(client: httpx.Client, url: str, document_id: str, limit_s: float) -> dict:
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
@@ -78,29 +73,17 @@ def run(uploads: int, files: int, pages: int, chars: int) -> dict:
     pdfs = [large_pdf(work / f"large-{n}.pdf", pages, chars, seed=n) for n in range(files)]
     env = dict(os.environ, EVIDENTIA_DATA_DIR=str(work / "data"), EVIDENTIA_ADMIN_KEY=ADMIN,
                OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), TOKENIZERS_PARALLELISM="false")
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
     exe = shutil.which("evidentia") or str(Path(sys.executable).with_name("evidentia"))
-    log = open(work / "server.log", "wb")
-    proc = subprocess.Popen([exe, "serve", "--port", str(port), "--log-level", "warning"], env=env, stdout=log,
-                            stderr=subprocess.STDOUT)
+    server = Server(env, work / "server.log", exe)
+    url = server.url
     report: dict = {"machine": f"{platform.machine()}, {os.cpu_count()} CPU(s)", "evidentia": exe,
                     "dense": os.environ.get("EVIDENTIA_DENSE", "on"), "pages": pages, "chars": chars, "uploads": []}
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                if httpx.get(url + "/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"the server did not start: see {work / 'server.log'}")
-            time.sleep(0.3)
+        server.wait_ready(300)
         key = httpx.post(url + "/v1/admin/keys", json={"tenant": "bench"}, headers={"X-API-Key": ADMIN}).json()["key"]
         client = httpx.Client(timeout=120, headers={"X-API-Key": key})
-        server = psutil.Process(proc.pid)
-        report["rss_mb_ready"] = round(server.memory_info().rss / 2**20)
+        process = psutil.Process(server.proc.pid)
+        report["rss_mb_ready"] = round(process.memory_info().rss / 2**20)
         print(f"server ready: RSS {report['rss_mb_ready']} MB", file=sys.stderr)
         for n in range(uploads):
             pdf, document_id = pdfs[n % files], f"large-{n % 2}"
@@ -112,16 +95,12 @@ def run(uploads: int, files: int, pages: int, chars: int) -> dict:
             doc = wait_indexed(client, url, document_id, 900)
             seconds = time.perf_counter() - t0
             time.sleep(1.0)
-            rss = round(server.memory_info().rss / 2**20)
+            rss = round(process.memory_info().rss / 2**20)
             report["uploads"].append({"upload": n + 1, "status": doc["status"], "seconds": round(seconds, 1),
                                       "rss_mb": rss})
             print(f"upload {n + 1}: {doc['status']} in {seconds:.0f} s, server RSS {rss} MB", file=sys.stderr)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        server.stop()
         shutil.rmtree(work, ignore_errors=True)
     return report
 

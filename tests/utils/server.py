@@ -30,11 +30,12 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, env: dict[str, str], log: Path) -> None:
+    def __init__(self, env: dict[str, str], log: Path, exe: str | None = None) -> None:
+        """``exe``: another checkout's `evidentia` (the benchmarks compare versions)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(log, "ab")
-        self.proc = subprocess.Popen([evidentia_exe(), "serve", "--host", "127.0.0.1", "--port", str(self.port),
+        self.proc = subprocess.Popen([exe or evidentia_exe(), "serve", "--host", "127.0.0.1", "--port", str(self.port),
                                       "--log-level", "warning"], env=env, stdout=self.log, stderr=subprocess.STDOUT)
 
     def wait_ready(self, timeout: float = 60.0) -> None:
