@@ -19,8 +19,15 @@ RUN apt-get update \
 # multi-GB CUDA build. Its own layer, so code changes do not reinstall it.
 RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 
+# the dependencies next, read from pyproject.toml alone: a code change reuses this layer
+# (with the source copied first, each change reinstalled them all)
+COPY pyproject.toml ./
+RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+       > /tmp/requirements.txt \
+    && pip install -r /tmp/requirements.txt
+
 COPY . .
-RUN pip install . \
+RUN pip install --no-deps . \
     && useradd --system --uid 10001 --home-dir /data evidentia \
     && mkdir -p /data && chown evidentia /data
 
