@@ -153,7 +153,8 @@ class ClassifierReranker(Reranker):
             from evidentia.reranker.features import stored_document_source, stored_vector_source
 
             # the document features score the document's other pages from their stored vectors
-            vectors = stored_vector_source(self._backend, self.extractor.embedder.name, self.extractor.embedder.window_settings)
+            embedder = self.extractor.embedder
+            vectors = stored_vector_source(self._backend, embedder.name, embedder.window_settings)
             documents = stored_document_source(self._backend)
         return self.extractor.pool_features(question, answer, pages, vector_source=vectors,
                                             document_source=documents)

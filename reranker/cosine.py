@@ -34,7 +34,8 @@ class CosineReranker(Reranker):
 
         if not candidates:
             return RerankResult(pages=[])
-        source = (stored_vector_source(self._backend, self.extractor.embedder.name, self.extractor.embedder.window_settings)
+        embedder = self.extractor.embedder
+        source = (stored_vector_source(self._backend, embedder.name, embedder.window_settings)
                   if self._backend is not None else None)
         feats = self.extractor.features(query.question, query.answer, [(c.doc_id, c.page, c.text) for c in candidates],
                                         vector_source=source)

@@ -3,7 +3,6 @@ engine's search slots."""
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
@@ -13,6 +12,7 @@ from evidentia.engine import Engine
 from evidentia.records import Document, Page
 from evidentia.retriever.tantivy_backend import TantivyBackend
 from evidentia.runtime import Overloaded
+from tests.utils.gates import slot_held
 
 
 @pytest.fixture
@@ -29,19 +29,8 @@ def test_a_search_takes_a_search_slot_and_waits_for_one(engine):
     (bench/bench_overload.py): the engine runs EVIDENTIA_SEARCH_CONCURRENCY at a time."""
     config = engine.config(stage="bm25", reranker="none")
     query = engine.query("Scope 1 emissions?", "12,450 tCO2e")  # built first: it loads the language models
-    holding, release = threading.Event(), threading.Event()
-
-    def hold():
-        with engine.search_gate.enter():
-            holding.set()
-            release.wait(5)
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    assert holding.wait(5)
-    threading.Timer(0.2, release.set).start()
-    result = engine.run(query, ["acme"], config)
-    holder.join()
+    with slot_held(engine.search_gate, release_after=0.2):
+        result = engine.run(query, ["acme"], config)
     assert [p.page for p in result.pages] == [1]
     assert result.timings_ms["queue"] > 100  # it waited for the slot
 
@@ -51,21 +40,8 @@ def test_a_search_the_line_would_not_reach_by_its_deadline_is_refused_at_once(en
     query = engine.query("Scope 1 emissions?", "")
     with engine.search_gate.enter():
         time.sleep(0.3)  # the usual hold: 0.3 s
-    holding, release = threading.Event(), threading.Event()
-
-    def hold():
-        with engine.search_gate.enter():
-            holding.set()
-            release.wait(5)
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    assert holding.wait(5)
-    t0 = time.monotonic()
-    try:
+    with slot_held(engine.search_gate):
+        t0 = time.monotonic()
         with pytest.raises(Overloaded):
             engine.run(query, ["acme"], config, deadline=time.monotonic() + 0.4)
         assert time.monotonic() - t0 < 0.3  # at once, not at its deadline
-    finally:
-        release.set()
-        holder.join()

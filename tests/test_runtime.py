@@ -9,6 +9,7 @@ import pytest
 
 from evidentia import runtime
 from evidentia.config import ConfigError, Settings
+from tests.utils.gates import slot_held
 
 
 @pytest.mark.parametrize("cpus, threads", [(1, 1), (2, 1), (3, 1), (4, 2), (8, 4), (16, 4), (64, 4)])
@@ -134,26 +135,16 @@ def test_a_call_the_line_would_not_reach_in_time_is_refused_at_once():
     with gate.enter():
         time.sleep(0.2)  # the usual hold: 0.2 s
     assert 0.15 < gate.hold_s < 0.5
-    holding, release = threading.Event(), threading.Event()
-
-    def hold():
-        with gate.enter():
-            holding.set()
-            release.wait(5)
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    assert holding.wait(5)
-    t0 = time.monotonic()
-    with pytest.raises(runtime.Overloaded) as refused:
-        with gate.enter(deadline=time.monotonic() + 0.3):  # one ahead + its own: 0.4 s
-            pass
-    # at once: waiting for the deadline would have raised TimeoutError after 0.3 s
-    assert time.monotonic() - t0 < 0.25 and refused.value.retry_after_s >= 1
-    threading.Timer(0.1, release.set).start()
-    with gate.enter(deadline=time.monotonic() + 5) as waited:  # time enough: it waits its turn
-        assert waited > 0.05
-    holder.join()
+    with slot_held(gate) as release:
+        t0 = time.monotonic()
+        with pytest.raises(runtime.Overloaded) as refused:
+            with gate.enter(deadline=time.monotonic() + 0.3):  # one ahead + its own: 0.4 s
+                pass
+        # at once: waiting for the deadline would have raised TimeoutError after 0.3 s
+        assert time.monotonic() - t0 < 0.25 and refused.value.retry_after_s >= 1
+        threading.Timer(0.1, release.set).start()
+        with gate.enter(deadline=time.monotonic() + 5) as waited:  # time enough: it waits its turn
+            assert waited > 0.05
 
 
 def test_a_slow_call_does_not_have_every_later_one_refused():
