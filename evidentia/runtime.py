@@ -83,8 +83,8 @@ def release_freed_memory() -> bool:
     Why: glibc keeps what a thread frees in that thread's arena for reuse, and an
     indexing worker frees a whole document's text, tokens and vectors at once. A
     server that indexed eight 400-page documents of 41,000 characters a page (dense
-    off) stayed at 799 MB with them written; trimmed after each document, at 372 MB
-    (docs/BENCHMARKS.md, section 8as)."""
+    off) stayed at 795 MB with them written; trimmed after each document, at 404 MB
+    (bench/bench_server_memory.py, docs/BENCHMARKS.md section 8as)."""
     import ctypes
 
     try:
@@ -143,8 +143,11 @@ class ComputeGate:
 
     @contextlib.contextmanager
     def enter(self, deadline: float | None = None) -> Iterator[float]:
-        """Holds a slot; yields the seconds waited for it. ``deadline``: time.monotonic()."""
+        """Holds a slot; yields the seconds waited for it. ``deadline``: time.monotonic();
+        one already passed is TimeoutError, a free slot or not (work queued past it)."""
         t0 = time.monotonic()
+        if deadline is not None and t0 > deadline:
+            raise TimeoutError
         with self._lock:
             ahead, hold_s = self._in_line, self.hold_s
             in_line = ahead >= self.slots  # no free slot: it waits behind the others

@@ -598,7 +598,8 @@ def stored_vector_source(backend, model_name: str, windows: tuple[int, int, int]
     its best windows: vectors indexed with other EVIDENTIA_DENSE_* windows than the
     model was trained on would shift them. A page's windows are its first tokens, so
     more windows of the same size and overlap hold the wanted ones first: those are
-    taken. Vectors indexed before their windows were recorded are taken as they are."""
+    taken. Vectors indexed before their windows were recorded are taken as if cut the
+    same way (a page's first windows)."""
     documents: dict[str, PageVectors | None] = {}
 
     def lookup(doc_id: str, page: int, text: str) -> np.ndarray | None:

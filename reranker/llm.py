@@ -153,7 +153,6 @@ def _tokenizer() -> tuple[Callable[[str], int], Callable[[str, int], str]]:
     return count_tt, cut_tt
 
 
-
 def count_tokens(text: str) -> int:
     """Estimated tokens of a text (tiktoken when available, else 4 characters a token)."""
     return _tokenizer()[0](text)
@@ -384,8 +383,6 @@ def mask_secret(text: str, secret: str | None) -> str:
     return _BEARER.sub(lambda m: f"{m.group(1)} {_MASK}", text)
 
 
-STRUCTURED_OUTPUT_MODES = LLM_STRUCTURED_OUTPUT_MODES
-TOKENIZERS = LLM_TOKENIZERS
 # Status codes with which a server refuses a request it does not understand (here:
 # ``response_format``); with EVIDENTIA_LLM_STRUCTURED_OUTPUT=auto the plain prompt is
 # tried once more and the endpoint remembered as one without structured output.
@@ -456,10 +453,10 @@ class LLMReranker(Reranker):
             raise ValueError("max_retries must be >= 0")
         if context_tokens is not None and context_tokens <= 0:
             raise ValueError("context_tokens must be positive")
-        if structured_output not in STRUCTURED_OUTPUT_MODES:
-            raise ValueError(f"structured_output must be one of {', '.join(STRUCTURED_OUTPUT_MODES)}")
-        if tokenizer not in TOKENIZERS:
-            raise ValueError(f"tokenizer must be one of {', '.join(TOKENIZERS)}")
+        if structured_output not in LLM_STRUCTURED_OUTPUT_MODES:
+            raise ValueError(f"structured_output must be one of {', '.join(LLM_STRUCTURED_OUTPUT_MODES)}")
+        if tokenizer not in LLM_TOKENIZERS:
+            raise ValueError(f"tokenizer must be one of {', '.join(LLM_TOKENIZERS)}")
         self.model = model
         self.api_key = api_key
         self.base_url = base_url

@@ -187,7 +187,7 @@ def train_command(
     """Train the classifier reranker: LoRA on all linear layers (4-bit QLoRA on a GPU), head fully trained;
     or (--kind features) the feature-based relevance model."""
     from evidentia.console import EXIT_BAD_INPUT, fail, require_files
-    from evidentia.console import Context
+    from evidentia.console import Context, read_settings
     from evidentia.library import Library, LibraryError
     from evidentia.reranker.classifier_model import ModelLoadError
     from evidentia.tenants import internal_id, split_internal_id
@@ -244,7 +244,7 @@ def train_command(
     params = TrainParams(epochs=epochs, batch_size=batch_size, grad_accum=grad_accum, learning_rate=learning_rate,
                          lora_r=lora_r, lora_alpha=lora_alpha, max_length=max_length, eval_fraction=eval_fraction,
                          max_steps=max_steps, seed=seed, negative_windows=negative_windows,
-                         threads=threads or Context().settings.torch_threads)
+                         threads=threads or read_settings().torch_threads)
     try:
         metadata = train(records, base_model, out, params, data_sha256=file_sha256(data),
                          log=lambda m: typer.echo(m, err=True), progress=True)

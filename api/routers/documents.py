@@ -384,10 +384,10 @@ async def page_text(
         _page_number(row, page)
         found = backend.get_page(internal_id(caller.tenant, document_id), page)
         with services.doc_lock:
-            if find_document(services, caller, document_id).generation == row.generation:
+            current = find_document(services, caller, document_id)
+            if current.generation == row.generation:
                 return found
-            row = find_document(services, caller, document_id)
-            _page_number(row, page)
+            _page_number(current, page)
             return backend.get_page(internal_id(caller.tenant, document_id), page)
 
     try:

@@ -150,8 +150,6 @@ async def validate(body: ValidateRequest, request: Request, caller: Caller = Dep
     stage = config.stage
 
     def work():
-        if time.monotonic() > until:  # queued for a slot past the deadline: the client has its 504
-            raise TimeoutError
         try:
             reranker = engine.reranker(config)
         except ConfigError as exc:

@@ -882,8 +882,8 @@ def test_a_search_engine_error_fails_the_document_without_the_servers_paths(clie
 
 
 def test_the_worker_gives_back_what_a_document_freed(client, sample_pdf, monkeypatch):
-    """After each document, indexed or failed: the server held 799 MB after eight large
-    uploads, 372 MB with it (docs/BENCHMARKS.md section 8as)."""
+    """After each document, indexed or failed: the server held 795 MB after eight large
+    uploads, 404 MB with it (docs/BENCHMARKS.md section 8as)."""
     import evidentia.api.indexing as api_indexing
 
     calls: list[int] = []
