@@ -12,6 +12,7 @@ evaluation, training and distillation all go through it::
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import threading
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from evidentia.config import STAGES, ConfigError, Settings
 from evidentia.language import LanguageDetector
 from evidentia.records import Candidate, Query, RankedPage
-from evidentia.reranker.base import Reranker
+from evidentia.reranker.base import NoReranker, Reranker, RerankResult
 from evidentia.reranker.cache import RerankerCache
 from evidentia.reranker.registry import reranker_class, reranker_names
 from evidentia.runtime import ComputeGate, usable_cpus
@@ -115,6 +116,14 @@ class SearchResult:
     info: dict = field(default_factory=dict)
     timings_ms: dict[str, float] = field(default_factory=dict)
     without_vectors: tuple[str, ...] = ()  # set when the default hybrid stage fell back to bm25 for these
+
+    def with_rerank(self, reranker: Reranker, outcome: RerankResult, rerank_ms: float) -> "SearchResult":
+        """This first-stage result with ``reranker``'s outcome on its pool: how every
+        search gets its pages, in ``Engine.run`` and after a rerank the API awaited."""
+        timings = {**self.timings_ms, "rerank": rerank_ms, "total": self.timings_ms.get("total", 0.0) + rerank_ms}
+        return dataclasses.replace(self, pages=outcome.pages, reranker=reranker.name,
+                                   fallback_reason=outcome.fallback_reason, model_version=reranker.model_version,
+                                   info=outcome.info, timings_ms=timings)
 
     @property
     def stage(self) -> str:
@@ -360,9 +369,29 @@ class Engine:
         time: runtime.ComputeGate) and a reranker that ``takes_deadline`` (the LLM
         falls back by it)."""
         t0 = time.perf_counter()
-        timings: dict[str, float] = {}
         reranker = reranker if reranker is not None else self.reranker(config)
+        first, rerank_ms, outcome = self._run(query, doc_ids, config, reranker, deadline, t0)
+        return first.with_rerank(reranker, outcome, rerank_ms)
+
+    def run_awaiting(self, query: Query, doc_ids: Sequence[str], config: RunConfig, *, reranker: Reranker,
+                     deadline: float | None = None) -> tuple[SearchResult, Reranker | None]:
+        """``run`` for a caller that awaits a remote reranker itself (the API, so that
+        an LLM's minutes hold no thread of its pool): a local reranker runs here, as in
+        ``run``; one that ``takes_deadline`` is handed back with the first-stage result,
+        which the caller completes with ``SearchResult.with_rerank``."""
+        if not reranker.takes_deadline:
+            return self.run(query, doc_ids, config, reranker=reranker, deadline=deadline), None
+        # the first stage's order until then: a complete result on its own
+        passthrough = NoReranker()
+        first, rerank_ms, outcome = self._run(query, doc_ids, config, passthrough, deadline, time.perf_counter())
+        return first.with_rerank(passthrough, outcome, rerank_ms), reranker
+
+    def _run(self, query: Query, doc_ids: Sequence[str], config: RunConfig, reranker: Reranker,
+             deadline: float | None, t0: float) -> tuple[SearchResult, float, RerankResult]:
+        """The first-stage result (no pages yet; its timings from ``t0``, before the
+        reranker was loaded), the rerank's milliseconds and its outcome."""
         loaded = time.perf_counter()
+        timings: dict[str, float] = {}
         # the first stage and a local reranker hold one of the engine's search slots (an LLM
         # reranker the API awaits outside this call: it is passed here as NoReranker)
         with self.search_gate.enter(deadline) as waited_search:
@@ -389,17 +418,15 @@ class Engine:
                 t3 = time.perf_counter()
                 reranker.attach_backend(self.backend)  # rerankers that read page vectors stored at indexing time
                 if reranker.takes_deadline and deadline is not None:  # the LLM: bounded by the same deadline
-                    result = reranker.rerank(query, candidates, deadline=deadline)
+                    outcome = reranker.rerank(query, candidates, deadline=deadline)
                 else:
-                    result = reranker.rerank(query, candidates)
+                    outcome = reranker.rerank(query, candidates)
         t4 = time.perf_counter()
         timings.update({"load": (loaded - t0) * 1000, "retrieve": (t2 - t1) * 1000,
-                        "queue": (waited_search + waited) * 1000,
-                        "rerank": (t4 - t3) * 1000, "total": (t4 - t0) * 1000})
-        return SearchResult(query=query, candidates=candidates, pages=result.pages, config=config,
-                            reranker=reranker.name, fallback_reason=result.fallback_reason,
-                            model_version=reranker.model_version, info=result.info, timings_ms=timings,
-                            without_vectors=without)
+                        "queue": (waited_search + waited) * 1000, "total": (t3 - t0) * 1000})
+        first = SearchResult(query=query, candidates=candidates, pages=[], config=config, reranker="none",
+                             timings_ms=timings, without_vectors=without)
+        return first, (t4 - t3) * 1000, outcome
 
     def search(self, question: str, answer: str, doc_ids: Sequence[str], config: RunConfig,
                **kwargs) -> SearchResult:

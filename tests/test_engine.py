@@ -9,7 +9,8 @@ import pytest
 
 from evidentia.config import Settings
 from evidentia.engine import Engine
-from evidentia.records import Document, Page
+from evidentia.records import Document, Page, RankedPage
+from evidentia.reranker.base import NoReranker, RerankResult
 from evidentia.retriever.tantivy_backend import TantivyBackend
 from evidentia.runtime import Overloaded
 from tests.utils.gates import slot_held
@@ -45,3 +46,39 @@ def test_a_search_the_line_would_not_reach_by_its_deadline_is_refused_at_once(en
         with pytest.raises(Overloaded):
             engine.run(query, ["acme"], config, deadline=time.monotonic() + 0.4)
         assert time.monotonic() - t0 < 0.3  # at once, not at its deadline
+
+
+class _RemoteReranker(NoReranker):
+    """A reranker that waits on a remote model, as the LLM does: it keeps page 2 only."""
+
+    name = "remote"
+    takes_deadline = True
+
+    def __init__(self):
+        self.calls = 0
+
+    def rerank(self, query, candidates, deadline=None):
+        self.calls += 1
+        return RerankResult(pages=[RankedPage(c.doc_id, c.page, 1.0, text=c.text) for c in candidates if c.page == 2],
+                            info={"kept": 1})
+
+
+def test_a_remote_reranker_is_handed_back_and_completes_the_first_stage_result(engine):
+    """The API awaits an LLM outside its thread pool; the engine still assembles the result
+    (run_awaiting, then SearchResult.with_rerank), as Engine.run does for any reranker."""
+    more = "Scope 2 emissions were 3,100 tCO2e in 2023; Scope 1 as above."
+    engine.backend.index_document(Document("acme2", (Page("acme2", 1, "unrelated", "unrelated", "en", 9),
+                                                     Page("acme2", 2, more, more, "en", len(more))), "acme2.pdf"))
+    config = engine.config(stage="bm25", reranker="none")
+    query = engine.query("Scope 1 emissions?", "")
+    remote = _RemoteReranker()
+    first, handed_back = engine.run_awaiting(query, ["acme", "acme2"], config, reranker=remote)
+    assert handed_back is remote and remote.calls == 0  # not run inside the engine's slot
+    assert first.reranker == "none" and [p.page for p in first.pages] == [p.page for p in first.candidates]
+    done = first.with_rerank(remote, remote.rerank(query, first.candidates), 5.0)
+    assert done.reranker == "remote" and [(p.doc_id, p.page) for p in done.pages] == [("acme2", 2)]
+    assert done.info == {"kept": 1} and done.timings_ms["rerank"] == 5.0
+    assert done.timings_ms["total"] == pytest.approx(first.timings_ms["total"] + 5.0)
+    # a local reranker runs in the engine, as in Engine.run
+    local, none_left = engine.run_awaiting(query, ["acme"], config, reranker=NoReranker())
+    assert none_left is None and [p.page for p in local.pages] == [1]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 import uuid
@@ -19,7 +18,7 @@ from evidentia.api.schemas import (EarlierVerdict, ErrorResponse, RerankerOption
 from evidentia.api.services import Services
 from evidentia.config import ConfigError
 from evidentia.engine import RunConfig, RunConfigError, SearchResult
-from evidentia.reranker.base import NoReranker, Reranker
+from evidentia.reranker.base import Reranker
 from evidentia.reranker.llm_runtime import Deadline, deadline_margin
 from evidentia.reranker.registry import reranker_names
 from evidentia.store import ValidationRow, now
@@ -163,14 +162,13 @@ async def validate(body: ValidateRequest, request: Request, caller: Caller = Dep
                 raise ApiError(503, "embedder_unavailable", f"the embedding model for the {stage} stage cannot "
                                f"be loaded: {without_server_details(str(exc))}") from None
         query = engine.query(body.question, body.answer)
-        # a reranker that waits on a remote model (the LLM) runs after this, awaited
+        # a reranker that waits on a remote model (the LLM) is handed back, to be awaited
         # outside the shared thread pool (see _rerank_awaited)
-        first = NoReranker() if reranker.takes_deadline else reranker
-        return reranker, engine.run(query, [internal_id(caller.tenant, d) for d in document_ids], config,
-                                    reranker=first, deadline=until)
+        return engine.run_awaiting(query, [internal_id(caller.tenant, d) for d in document_ids], config,
+                                   reranker=reranker, deadline=until)
 
     try:
-        reranker, result = await run_blocking(services, work, limiter=services.search_slots.limiter(caller.tenant))
+        result, remote = await run_blocking(services, work, limiter=services.search_slots.limiter(caller.tenant))
     except UnknownDocumentError as exc:
         gone = _external(exc.doc_ids)
         raise ApiError(409, "document_gone", f"document(s) {', '.join(gone)} are missing from the search index; "
@@ -189,8 +187,8 @@ async def validate(body: ValidateRequest, request: Request, caller: Caller = Dep
                        f"\"bm25\"", {"document_ids": ids, "stage": stage}) from None
     except BackendError as exc:
         raise backend_unavailable(exc) from None
-    if reranker.takes_deadline:
-        result = await _rerank_awaited(services, request, reranker, result, until)
+    if remote is not None:
+        result = await _rerank_awaited(services, request, remote, result, until)
 
     shown = [(split_internal_id(p.doc_id)[1], p.page) for p in result.pages]
     # so that a question validated again shows what the analysts said last time
@@ -242,11 +240,7 @@ async def _rerank_awaited(services: Services, request: Request, reranker: Rerank
     reranked = await services.llm.rerank(
         lambda d: reranker.rerank(first.query, first.candidates, deadline=d), first.candidates, deadline,
         disconnected=request.is_disconnected)
-    rerank_ms = (time.perf_counter() - t0) * 1000
-    timings = {**first.timings_ms, "rerank": rerank_ms, "total": first.timings_ms.get("total", 0.0) + rerank_ms}
-    return dataclasses.replace(first, pages=reranked.pages, reranker=reranker.name,
-                               fallback_reason=reranked.fallback_reason, model_version=reranker.model_version,
-                               info=reranked.info, timings_ms=timings)
+    return first.with_rerank(reranker, reranked, (time.perf_counter() - t0) * 1000)
 
 
 def _stage_note(without_vectors) -> str | None:
