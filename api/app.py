@@ -13,7 +13,7 @@ from fastapi import FastAPI
 
 from evidentia.api.errors import DESCRIPTIONS, ApiError, body_too_large, file_too_large, install_handlers
 from evidentia.api.http_guard import RelativeRedirectMiddleware, UploadKeyMiddleware
-from evidentia.api.metrics import BodyLimitMiddleware, MetricsMiddleware
+from evidentia.api.metrics import AccessLogMiddleware, BodyLimitMiddleware, MetricsMiddleware
 from evidentia.api.routers import admin, documents, feedback, health, validate
 from evidentia.api.routers.ui import install_docs, install_ui
 from evidentia.api.services import Services
@@ -63,11 +63,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             return settings.max_upload_bytes + MULTIPART_OVERHEAD, file_too_large(settings.max_upload_bytes)
         return JSON_BODY_LIMIT, body_too_large(JSON_BODY_LIMIT)
 
-    # added last = outermost: metrics see every answer, the body limit's 413s included
+    # added last = outermost: metrics and the access log see every answer, the body limit's 413s included
     app.add_middleware(BodyLimitMiddleware, limit_for=body_limit)
     app.add_middleware(UploadKeyMiddleware, services=services)  # 401 before an upload body is read
     app.add_middleware(MetricsMiddleware, metrics=services.metrics)
     app.add_middleware(RelativeRedirectMiddleware)  # a Location never names a host the client sent
+    app.add_middleware(AccessLogMiddleware)  # outermost: every answer's line, with its time
 
     for module in (documents, validate, feedback, admin, health):
         app.include_router(module.router)

@@ -49,9 +49,6 @@ def serve_command(
         # is down as a warning with its traceback: 1,029 lines in 12 s. The server says once
         # per new reason that the cluster cannot be reached (Services._check_failed)
         logging.getLogger("elastic_transport").setLevel(logging.ERROR)
-    access = logging.getLogger("uvicorn.access")
-    if not any(isinstance(f, WithoutProbes) for f in access.filters):
-        access.addFilter(WithoutProbes())
     app = create_app(settings)
     try:  # probes Tesseract now: a bad EVIDENTIA_OCR_LANGUAGES stops here, in one line, not in the app's startup
         app.state.services.engine.ocr  # noqa: B018
@@ -59,19 +56,11 @@ def serve_command(
         raise fail(str(exc))
     # One process: the store, the indexing worker and the cached models are per
     # process (and tantivy allows one writer); scale with threads, not workers.
-    # log_config=None: uvicorn's lines take the format above (they had no time, beside timestamped ones)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, log_config=None, timeout_graceful_shutdown=10,
+    # log_config=None: uvicorn's lines take the format above (they had no time, beside timestamped ones);
+    # its access log is the app's (metrics.AccessLogMiddleware), which says whose request it was
+    uvicorn.run(app, host=host, port=port, log_level=log_level, log_config=None, access_log=False,
+                timeout_graceful_shutdown=10,
                 **server_limits(settings))
-
-
-class WithoutProbes:
-    """Leaves out of the access log the health checks that succeed (GET /health or /ready,
-    200): a probe every 10 s filled it with lines no one reads; a failing one stays."""
-
-    def filter(self, record) -> bool:
-        args = record.args if isinstance(record.args, tuple) else ()
-        # uvicorn's access line: (client, method, path with its query, HTTP version, status)
-        return not (len(args) >= 5 and str(args[2]).split("?")[0] in ("/health", "/ready") and args[4] == 200)
 
 
 def listen_problem(host: str, port: int) -> str | None:

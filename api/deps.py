@@ -48,6 +48,7 @@ class Caller:
 
 
 def require_tenant(
+    request: Request,
     services: Services = Depends(get_services),
     header_key: str | None = Depends(api_key_header),
     credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
@@ -60,6 +61,8 @@ def require_tenant(
     if info is None:
         raise ApiError(401, "unauthorized", "invalid API key (revoked, mistyped or from another server)",
                        headers={"WWW-Authenticate": "Bearer"})
+    # for the access log (metrics.AccessLogMiddleware): whose request it was, refused or not
+    request.state.tenant, request.state.key_id = info.tenant, info.key_id
     wait = services.rate_limiter.acquire(info.key_id)
     if wait > 0:
         services.metrics.rate_limited.inc()

@@ -1,10 +1,11 @@
 """Prometheus metrics (one registry per app, so several apps in one process, as in
-the tests, never share counters) and the ASGI middlewares: request metrics and
-the request-body limit."""
+the tests, never share counters) and the ASGI middlewares: request metrics, the
+access log and the request-body limit."""
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from typing import Callable
 
@@ -90,6 +91,44 @@ class MetricsMiddleware:
             method = _method_label(scope)
             self.metrics.requests.labels(method, route, str(status)).inc()
             self.metrics.latency.labels(method, route).observe(time.perf_counter() - t0)
+
+
+class AccessLogMiddleware:
+    """One line a request on the ``evidentia.access`` logger: client, method, path,
+    status, milliseconds and the caller's tenant and key id (``request.state``, set by
+    require_tenant), so that an operator can tell whose requests were slow or refused;
+    uvicorn's own line had neither time nor tenant. Successful health checks (GET
+    /health or /ready, 200) are left out: a probe every 10 s filled the log."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+        self.log = logging.getLogger("evidentia.access")
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500
+        t0 = time.perf_counter()
+
+        async def send_wrapper(message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            path = scope.get("path", "")
+            if not (status == 200 and path in ("/health", "/ready")) and self.log.isEnabledFor(logging.INFO):
+                client = scope.get("client") or ("-", 0)
+                state = scope.get("state") or {}
+                query = scope.get("query_string", b"")
+                # %r of the path and method: a client's bytes never forge a line of their own
+                self.log.info("%s:%s %s %r %d %.0f ms tenant=%s key=%s", client[0], client[1], _method_label(scope),
+                              path + ("?" + query.decode("latin-1") if query else ""), status,
+                              (time.perf_counter() - t0) * 1000, state.get("tenant", "-"), state.get("key_id", "-"))
 
 
 class _BodyTooLarge(HTTPException):

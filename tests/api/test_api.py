@@ -72,6 +72,24 @@ def test_a_made_up_method_is_counted_as_other(client):
     assert 'method="other",route="/health"' in text
 
 
+def test_the_access_log_says_whose_request_it_was_and_leaves_out_successful_probes(client, caplog):
+    """uvicorn's access line had no tenant and no time taken; a health check every 10 s
+    filled it. A client's bytes in the path are quoted, never a line of their own."""
+    headers = new_tenant(client, "logged-tenant")
+    with caplog.at_level("INFO", logger="evidentia.access"):
+        client.get("/health")
+        client.get("/ready")
+        client.get("/v1/documents", headers=headers)
+        client.get("/v1/documents", headers={"X-API-Key": "wrong"})
+        client.get("/v1/nothing%0Aforged line")
+    lines = [r.getMessage() for r in caplog.records if r.name == "evidentia.access"]
+    assert len(lines) == 3, lines  # the two successful probes left out
+    assert re.fullmatch(r"\S+ GET '/v1/documents' 200 \d+ ms tenant=logged-tenant key=\S+", lines[0]), lines[0]
+    assert lines[0].split("key=")[1] != "-"
+    assert " 401 " in lines[1] and lines[1].endswith("tenant=- key=-")  # refused: no tenant known
+    assert "\n" not in lines[2] and "404" in lines[2]
+
+
 def test_ready_is_503_until_the_default_reranker_loads(own_client, tmp_path, sample_pdf):
     c = own_client(wait=False, default_reranker="classifier", classifier_model=str(tmp_path / "no-such-model"))
     assert c.get("/health").status_code == 200

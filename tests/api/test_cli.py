@@ -76,27 +76,13 @@ def test_serve_keeps_the_elasticsearch_clients_log_to_errors(serve, monkeypatch,
     assert client_log.level == logging.ERROR
 
 
-def test_serve_logs_in_one_format_and_leaves_out_successful_probes(monkeypatch, tmp_path):
-    """uvicorn's lines had no time beside the app's timestamped ones, and a health check
-    every 10 s filled the access log."""
-    import logging
-
+def test_serve_logs_in_one_format_with_the_apps_access_log(monkeypatch, tmp_path):
+    """uvicorn's lines had no time beside the app's timestamped ones, and its access log
+    no tenant: the app writes its own (metrics.AccessLogMiddleware, tested in test_api)."""
     import uvicorn
-
-    from evidentia.api.cli import WithoutProbes
 
     calls = []
     monkeypatch.setattr(uvicorn, "run", lambda *args, **kwargs: calls.append(kwargs))
     monkeypatch.setenv("EVIDENTIA_DATA_DIR", str(tmp_path))
-    access = logging.getLogger("uvicorn.access")
-    monkeypatch.setattr(access, "filters", [])
     assert CliRunner().invoke(app, ["serve", "--port", str(free_port())]).exit_code == 0
-    assert calls and calls[0]["log_config"] is None
-    [probes] = [f for f in access.filters if isinstance(f, WithoutProbes)]
-
-    def line(path, status):
-        return logging.LogRecord("uvicorn.access", logging.INFO, "", 0, '%s - "%s %s HTTP/%s" %d',
-                                 ("127.0.0.1:5000", "GET", path, "1.1", status), None)
-
-    assert not probes.filter(line("/health", 200)) and not probes.filter(line("/ready", 200))
-    assert probes.filter(line("/ready", 503)) and probes.filter(line("/v1/documents", 200))
+    assert calls and calls[0]["log_config"] is None and calls[0]["access_log"] is False
