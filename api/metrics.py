@@ -63,13 +63,15 @@ def _route_label(scope) -> str:
     return path if isinstance(path, str) else "unmatched"
 
 
-class MetricsMiddleware:
-    """Counts every request by route template (never the raw path: ids would
-    explode the label set), method (HTTP's, else "other") and status, and times it."""
+class _AnsweredMiddleware:
+    """Calls ``answered(scope, status, seconds)`` once each HTTP request is answered
+    (status 500 when the app raised before answering)."""
 
-    def __init__(self, app, metrics: Metrics) -> None:
+    def __init__(self, app) -> None:
         self.app = app
-        self.metrics = metrics
+
+    def answered(self, scope, status: int, seconds: float) -> None:
+        raise NotImplementedError
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -87,13 +89,25 @@ class MetricsMiddleware:
         try:
             await self.app(scope, receive, send_wrapper)
         finally:
-            route = _route_label(scope)
-            method = _method_label(scope)
-            self.metrics.requests.labels(method, route, str(status)).inc()
-            self.metrics.latency.labels(method, route).observe(time.perf_counter() - t0)
+            self.answered(scope, status, time.perf_counter() - t0)
 
 
-class AccessLogMiddleware:
+class MetricsMiddleware(_AnsweredMiddleware):
+    """Counts every request by route template (never the raw path: ids would
+    explode the label set), method (HTTP's, else "other") and status, and times it."""
+
+    def __init__(self, app, metrics: Metrics) -> None:
+        super().__init__(app)
+        self.metrics = metrics
+
+    def answered(self, scope, status: int, seconds: float) -> None:
+        route = _route_label(scope)
+        method = _method_label(scope)
+        self.metrics.requests.labels(method, route, str(status)).inc()
+        self.metrics.latency.labels(method, route).observe(seconds)
+
+
+class AccessLogMiddleware(_AnsweredMiddleware):
     """One line a request on the ``evidentia.access`` logger: client, method, path,
     status, milliseconds and the caller's tenant and key id (``request.state``, set by
     require_tenant), so that an operator can tell whose requests were slow or refused;
@@ -101,34 +115,20 @@ class AccessLogMiddleware:
     /health or /ready, 200) are left out: a probe every 10 s filled the log."""
 
     def __init__(self, app) -> None:
-        self.app = app
+        super().__init__(app)
         self.log = logging.getLogger("evidentia.access")
 
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
+    def answered(self, scope, status: int, seconds: float) -> None:
+        path = scope.get("path", "")
+        if (status == 200 and path in ("/health", "/ready")) or not self.log.isEnabledFor(logging.INFO):
             return
-        status = 500
-        t0 = time.perf_counter()
-
-        async def send_wrapper(message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_wrapper)
-        finally:
-            path = scope.get("path", "")
-            if not (status == 200 and path in ("/health", "/ready")) and self.log.isEnabledFor(logging.INFO):
-                client = scope.get("client") or ("-", 0)
-                state = scope.get("state") or {}
-                query = scope.get("query_string", b"")
-                # %r of the path and method: a client's bytes never forge a line of their own
-                self.log.info("%s:%s %s %r %d %.0f ms tenant=%s key=%s", client[0], client[1], _method_label(scope),
-                              path + ("?" + query.decode("latin-1") if query else ""), status,
-                              (time.perf_counter() - t0) * 1000, state.get("tenant", "-"), state.get("key_id", "-"))
+        client = scope.get("client") or ("-", 0)
+        state = scope.get("state") or {}
+        query = scope.get("query_string", b"")
+        # %r of the path: a client's bytes never forge a line of their own
+        self.log.info("%s:%s %s %r %d %.0f ms tenant=%s key=%s", client[0], client[1], _method_label(scope),
+                      path + ("?" + query.decode("latin-1") if query else ""), status, seconds * 1000,
+                      state.get("tenant", "-"), state.get("key_id", "-"))
 
 
 class _BodyTooLarge(HTTPException):
