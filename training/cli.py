@@ -37,7 +37,8 @@ def dataset_command(
     queries: Optional[Path] = typer.Option(None, "--queries", help="Labelled queries (the eval format)."),
     pdf_dir: Optional[Path] = typer.Option(None, "--pdf-dir", help="PDFs of the queries' documents, indexed if missing."),
     climretrieve: Optional[Path] = typer.Option(None, "--climretrieve",
-                                                help="Folder with ClimRetrieve's passages.jsonl."),
+                                                help="Folder with ClimRetrieve's passages.jsonl (the reports held out "
+                                                     "for evaluation, training/splits/heldout.json, give no record)."),
     negatives: int = typer.Option(8, "--negatives", help="Hard negatives per query (from the --stage pool)."),
     stage: Optional[str] = typer.Option(None, "--stage", help="First stage whose pool gives the negatives: bm25, "
                                         "dense or hybrid: the stage the reranker will sit behind (default: "
@@ -70,8 +71,9 @@ def dataset_command(
     queries, and ClimRetrieve passages. Held-out queries never contribute a record."""
     from evidentia.console import EXIT_BAD_INPUT, Context, fail
     from evidentia.evaluation.cli import refuse_pages_beyond_documents
-    from evidentia.evaluation.queries import QueriesFileError, load_queries
+    from evidentia.evaluation.queries import QueriesFileError, load_queries, read_jsonl_lines
     from evidentia.evaluation.runner import all_doc_ids
+    from evidentia.text import listed
     from evidentia.training.dataset import (DatasetError, dedupe, records_from_climretrieve,
                                             records_from_queries, split_groups, write_records)
 
@@ -89,16 +91,29 @@ def dataset_command(
         except (QueriesFileError, OSError) as exc:
             raise fail(str(exc), EXIT_BAD_INPUT)
         if holdout_fraction > 0:
+            lacking = [q.id for q in qs if split_by != "doc_id" and q.fields.get(split_by) is None]
+            if lacking:
+                # grouped as one "None" group, they were held out or trained on together: a
+                # misspelt --split-by held out every query and wrote an empty training file
+                raise fail(f"--split-by {split_by}: {len(lacking)} of {len(qs)} queries have no such field "
+                           f"({listed(lacking, 3)}); name a field every query has, or doc_id")
             groups = {q.id: str(q.fields.get(split_by) if split_by != "doc_id" else q.doc_ids[0]) for q in qs}
             held = split_groups(list(groups.values()), holdout_fraction, seed)
             train_qs = [q for q in qs if groups[q.id] not in held]
+            if not train_qs:
+                raise fail(f"--holdout-fraction {holdout_fraction:g} holds out every query (their {len(held)} "
+                           f"{split_by} group(s)): lower it, or split by a field with more values")
             if split_out:
                 split_out.mkdir(parents=True, exist_ok=True)
-                lines = [line for line in queries.read_text(encoding="utf-8").splitlines() if line.strip()]
-                by_id = {json.loads(line)["id"]: line for line in lines}
-                (split_out / "train_queries.jsonl").write_text("".join(by_id[q.id] + "\n" for q in train_qs))
+                # the file's own lines, each paired with the query parsed from it (parse_queries
+                # reads every non-blank line into one query, in order): re-parsing them here
+                # read a BOM, a U+2028 inside a string and a numeric id otherwise, and crashed
+                lines = [line for line in read_jsonl_lines(queries) if line.strip()]
+                by_id = {q.id: line for q, line in zip(qs, lines)}
+                (split_out / "train_queries.jsonl").write_text("".join(by_id[q.id] + "\n" for q in train_qs),
+                                                               encoding="utf-8")
                 (split_out / "heldout_queries.jsonl").write_text(
-                    "".join(by_id[q.id] + "\n" for q in qs if groups[q.id] in held))
+                    "".join(by_id[q.id] + "\n" for q in qs if groups[q.id] in held), encoding="utf-8")
             typer.echo(f"held out {len(qs) - len(train_qs)} of {len(qs)} queries ({len(held)} {split_by} group(s))",
                        err=True)
             qs = train_qs
@@ -122,10 +137,22 @@ def dataset_command(
                                             document_negatives=document_negatives, seed=seed,
                                             foreign_doc_ids=foreign_doc_ids, foreign_negatives=foreign_negatives))
     if climretrieve is not None:
+        from evidentia.evaluation.climretrieve import SPLIT_FILE, held_out_reports, load_split
+
         try:
-            records.extend(records_from_climretrieve(climretrieve / "passages.jsonl", seed=seed))
+            passages = list(records_from_climretrieve(climretrieve / "passages.jsonl", seed=seed))
         except (DatasetError, OSError) as exc:
             raise fail(str(exc), EXIT_BAD_INPUT)
+        # The reports fixed as held out are those evaluation reports on: every record of
+        # theirs made it into training (750 of 1854 of climretrieve-train). Dropped after
+        # the draw, so the other reports' negatives are the ones drawn before.
+        held_reports = held_out_reports(load_split())
+        kept = [r for r in passages if r.doc_id not in held_reports]
+        if len(kept) < len(passages):
+            typer.echo(f"left out {len(passages) - len(kept)} ClimRetrieve records of "
+                       f"{len({r.doc_id for r in passages} & held_reports)} report(s) held out for evaluation "
+                       f"({SPLIT_FILE.parent.name}/{SPLIT_FILE.name})", err=True)
+        records.extend(kept)
     records = dedupe(records)
     if record_weight is not None:
         records = [dataclasses.replace(r, weight=record_weight) for r in records]
@@ -192,7 +219,7 @@ def train_command(
     from evidentia.reranker.classifier_model import ModelLoadError
     from evidentia.tenants import internal_id, split_internal_id
     from evidentia.training.dataset import DatasetError, file_sha256, read_records
-    from evidentia.training.train import TrainingError, TrainParams, train
+    from evidentia.training.train import TrainingError, TrainParams, output_problem, train
 
     for name, value in (("--batch-size", batch_size), ("--grad-accum", grad_accum), ("--lora-r", lora_r),
                         ("--max-length", max_length)):
@@ -200,6 +227,8 @@ def train_command(
             raise fail(f"{name} must be positive")
     if epochs <= 0 or not 0.0 <= eval_fraction < 1.0:
         raise fail("--epochs must be positive and --eval-fraction in [0, 1)")
+    if output_problem(out):  # said before the minutes of training, not after them
+        raise fail(output_problem(out))
     require_files(("--data", data))
     try:
         records = read_records(data)
@@ -237,7 +266,7 @@ def train_command(
                                       recipe=TrainingRecipe(tuple(threshold_skip or ()), tuple(memory_family or ()),
                                                             tuple(memory_exclude or ()),
                                                             tuple(calibration_only or ()), threshold))
-        except (FeatureModelError, EmbeddingError) as exc:
+        except (FeatureModelError, EmbeddingError, TrainingError) as exc:
             raise fail(str(exc), EXIT_BAD_INPUT)
         typer.echo(json.dumps(metadata.metrics, indent=2))
         return

@@ -58,6 +58,10 @@ def retrain_command(
         raise fail("--tenant goes with --feedback (the store's feedback knows its tenants)")
     if kind is not None and kind not in ("lora", "features"):
         raise fail("--kind must be lora or features")
+    if not 0.0 < held_out_fraction < 1.0:
+        raise fail("--held-out-fraction must be between 0 and 1 (exclusive)")
+    if not 0.0 <= ece_margin < float("inf"):  # NaN too: `ce > pe + nan` never held a candidate back
+        raise fail("--ece-margin must be a number of 0 or more")
     ctx = Context()
     library = Library(ctx.engine)
     try:

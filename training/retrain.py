@@ -19,7 +19,7 @@ One round:
    metrics (P@3 over the pool, ECE over its labelled pages);
 5. the candidate is promoted unless the held-out queries show it worse: P@3 lower
    in at least GATE_DROP_CONFIDENCE of paired resamples of their documents, or ECE worse by
-   more than ``ece_margin``, or there are too few of them to show anything
+   more than ``ece_margin``, or too few of them have a page judged relevant to show anything
    (EVIDENTIA_RETRAIN_MIN_HELDOUT_QUERIES); otherwise production stays and the reason is given.
 """
 
@@ -181,6 +181,9 @@ class ModelScore:
     # reported with the decision, not gated on: P@1 of few held-out queries moves by a whole
     # query at a time, and the gate's rule was measured on P@3 (docs/BENCHMARKS.md 6b)
     p_at_1: float | None = None
+    # of ``queries``, those with a page judged relevant: on the others (every verdict "not
+    # relevant") P@3 is 0 for any model, so they cannot show a drop; None: all of them
+    with_relevant: int | None = None
 
     def as_dict(self) -> dict:
         out = {"P@1": self.p_at_1, "P@3": self.p_at_3, "R@3": self.r_at_3, "ECE": self.ece, "queries": self.queries}
@@ -226,7 +229,8 @@ def evaluate_model(reranker, queries: Sequence[EvalQuery], engine: "Engine", poo
     kept_share = round(sum(r3_at_t) / sum(r3), 4) if threshold is not None and sum(r3) else None
     return ModelScore(mean(p3), mean(r3), round(ece, 4) if ece is not None else None, len(queries), tuple(p3),
                       tuple(sorted(q.doc_ids)[0] if q.doc_ids else q.id for q in queries), threshold, kept_share,
-                      round(returned / pooled, 4) if pooled else None, mean(p1))
+                      round(returned / pooled, 4) if pooled else None, mean(p1),
+                      sum(1 for q in queries if q.relevant))
 
 
 @dataclass
@@ -278,17 +282,22 @@ def gate(candidate: ModelScore, production: ModelScore, ece_margin: float = 0.02
     """Promote unless the held-out queries show the candidate worse: P@3 lower in at
     least ``drop_confidence_needed`` of paired resamples of their documents (any drop,
     without per-query scores), or ECE worse by more than ``ece_margin``; and not on
-    fewer than ``min_queries`` of them (EVIDENTIA_RETRAIN_MIN_HELDOUT_QUERIES), which
-    can show no drop either way."""
+    fewer than ``min_queries`` of them with a page judged relevant
+    (EVIDENTIA_RETRAIN_MIN_HELDOUT_QUERIES), which can show no drop either way."""
     if candidate.queries == 0:
         return GateDecision(False, "no held-out feedback query to evaluate on: production kept",
                             candidate.as_dict(), production.as_dict())
     cp, pp = candidate.p_at_3 or 0.0, production.p_at_3 or 0.0
-    if candidate.queries < min_queries:
+    # only queries with a relevant page count: ten held-out queries whose every verdict
+    # was "not relevant" scored P@3 0 -> 0 and promoted a candidate nothing had judged
+    judging = candidate.queries if candidate.with_relevant is None else candidate.with_relevant
+    if judging < min_queries:
         # said: "promote it anyway" read as an invitation after a candidate lower on every query seen
         trend = "lower" if cp + 1e-9 < pp else "higher" if cp > pp + 1e-9 else "the same"
-        return GateDecision(False, f"only {candidate.queries} held-out feedback quer"
-                            f"{'y' if candidate.queries == 1 else 'ies'} to judge it (P@3 {pp:.3f} -> {cp:.3f}, "
+        unjudged = (f" with a page judged relevant (of {candidate.queries}; on the others P@3 is 0 for any model)"
+                    if judging < candidate.queries else "")
+        return GateDecision(False, f"only {judging} held-out feedback quer"
+                            f"{'y' if judging == 1 else 'ies'}{unjudged} to judge it (P@3 {pp:.3f} -> {cp:.3f}, "
                             f"{trend} on {'it' if candidate.queries == 1 else 'them'}); "
                             f"promotion needs {min_queries} (EVIDENTIA_RETRAIN_MIN_HELDOUT_QUERIES): production kept, "
                             "the candidate registered (`evidentia models promote VERSION` to use it anyway)",

@@ -30,6 +30,7 @@ from typing import Callable, Sequence
 from evidentia.retriever.query import query_text
 from evidentia.reranker.classifier_model import (
     Calibration,
+    METADATA_FILE,
     InputFormat,
     ModelMetadata,
     cuda_available,
@@ -249,12 +250,7 @@ def train(records: Sequence[TrainingRecord], base_model: str, out_dir: Path, par
 
 
 def _save_atomically(model, metadata: ModelMetadata, out_dir: Path) -> None:
-    """Write into a sibling temporary directory, then rename: an interrupted run
-    never leaves a half-written model where a reranker would load it."""
-    out_dir = out_dir.resolve()
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
-    try:
+    def write(tmp: Path) -> None:
         model.save_pretrained(str(tmp))
         for extra in ("README.md",):  # PEFT writes a model card we do not need
             (tmp / extra).unlink(missing_ok=True)
@@ -266,6 +262,36 @@ def _save_atomically(model, metadata: ModelMetadata, out_dir: Path) -> None:
             config["base_model_name_or_path"] = metadata.base_model
             adapter_config.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         metadata.write(tmp)
+
+    replace_directory(out_dir, write)
+
+
+def output_problem(out_dir: Path) -> str | None:
+    """Why a model cannot be written to ``out_dir`` (None: it can): a model replaces the
+    whole folder, so one that holds files but no model is refused (``--out .`` or a
+    home folder would have been deleted with it)."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        return f"--out {out_dir} is a file: name a folder for the model"
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / METADATA_FILE).is_file():
+        return (f"--out {out_dir} holds files but no model ({METADATA_FILE}), and a model replaces the whole "
+                "folder: name a new or empty folder, or a model's to replace it")
+    return None
+
+
+def replace_directory(out_dir: Path, write: Callable[[Path], None]) -> None:
+    """``write`` a model into a sibling temporary directory, then rename it to ``out_dir``:
+    an interrupted run never leaves a half-written model where a reranker would load it,
+    and no file of a model written there before stays beside the new one's. TrainingError
+    where ``out_dir`` holds something else (``output_problem``)."""
+    problem = output_problem(out_dir)
+    if problem:
+        raise TrainingError(problem)
+    out_dir = Path(out_dir).resolve()
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
+    try:
+        write(tmp)
         if out_dir.exists():
             old = out_dir.with_name(f".{out_dir.name}-old-{int(time.time())}")
             out_dir.rename(old)

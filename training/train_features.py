@@ -47,6 +47,7 @@ from evidentia.reranker.relevance_model import (KIND, FeatureModelError, calibra
                                                 choose_threshold, fit, fold_models, fold_of_groups)
 from evidentia.training.dataset import FOREIGN_SOURCE, TrainingRecord, stable_share, training_target
 from evidentia.training.query_adapter import fit_query_adapter
+from evidentia.training.train import replace_directory
 
 DEFAULT_EMBEDDER = "all-MiniLM-L6-v2"
 # The inverse L2 strength of the logistic regression, chosen by 5-fold cross-validation
@@ -459,12 +460,15 @@ def train_features(records: Sequence[TrainingRecord], out_dir: Path, base_model:
                "data_sha256": data_sha256, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                "train_records": len(records), "term_statistics": stats.to_dict()},
     )
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    memory.save(out_dir)
-    if adapter is not None:
-        adapter.save(out_dir)
-    metadata.write(out_dir)
+    def write(directory: Path) -> None:
+        memory.save(directory)
+        if adapter is not None:
+            adapter.save(directory)
+        metadata.write(directory)
+
+    # a whole new directory: written file by file into --out, a model without a query
+    # adapter kept the previous model's, which the reranker then loaded with it
+    replace_directory(Path(out_dir), write)
     log(f"trained in {time.perf_counter() - t0:.1f} s: " + json.dumps(metrics))
     return metadata
 

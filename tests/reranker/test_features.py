@@ -1226,3 +1226,21 @@ def test_calibration_only_records_move_a_documents_probabilities_never_its_order
     za, zb = a.pool_logits(pool), b.pool_logits(pool)
     assert list(np.argsort(-za)) == list(np.argsort(-zb))  # the same order
     assert not np.allclose(za, zb)  # other probabilities
+
+
+def test_train_features_replaces_the_whole_output_directory(embedder, features_model_dir, tmp_path):
+    """Written file by file into --out, a model without a query adapter (one document:
+    no folds) kept the previous model's adapter file, which the reranker loaded with it."""
+    import shutil
+
+    from evidentia.reranker.query_adapter import FILE_NAME, QueryAdapter
+    from evidentia.training.train_features import train_features
+
+    out = tmp_path / "model"
+    shutil.copytree(features_model_dir, out)
+    assert (out / FILE_NAME).exists()
+    records = [TrainingRecord(QUESTION, ANSWER, CAPEX, 1, "doc0", 1),
+               TrainingRecord(QUESTION, ANSWER, STAFF, 0, "doc0", 2)]
+    train_features(records, out, log=lambda _m: None, embedder=embedder)
+    assert QueryAdapter.load(out) is None
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]  # no temporary directory left behind

@@ -362,3 +362,15 @@ def test_an_unreadable_registry_is_said_not_replaced_by_the_default_model(cli_en
     listed = invoke("models", "list")
     assert listed.exit_code == 1 and "Traceback" not in listed.output
     assert error_lines(listed.stderr)[0].endswith("restore it from a backup, or move it away to use the default model")
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--ece-margin", "nan", "--ece-margin must be a number of 0 or more"),
+    ("--ece-margin", "-0.1", "--ece-margin must be a number of 0 or more"),
+    ("--held-out-fraction", "1.5", "--held-out-fraction must be between 0 and 1 (exclusive)"),
+    ("--held-out-fraction", "0", "--held-out-fraction must be between 0 and 1 (exclusive)"),
+])
+def test_retrain_refuses_gate_settings_that_cannot_judge(exported, flag, value, message):
+    """--ece-margin nan: `ce > pe + nan` is never true, so a candidate of any ECE was promoted."""
+    result = invoke("retrain", "--feedback", exported, "--tenant", "acme", flag, value)
+    assert result.exit_code == 2 and error_lines(result.stderr) == [f"error: {message}"]

@@ -50,3 +50,31 @@ def test_gate_does_not_promote_on_too_few_held_out_queries():
     promoted = gate(ModelScore(0.667, 1.0, 0.01834, 10), ModelScore(0.333, 1.0, 0.0184, 10))
     assert promoted.reason == "P@3 0.333 -> 0.667, ECE 0.018 -> 0.018: candidate promoted"
     assert gate(ModelScore(0.667, 1.0, 0.1, 10), ModelScore(0.333, 1.0, 0.1, 10), min_queries=10).promote
+
+
+def test_gate_counts_only_held_out_queries_with_a_relevant_page():
+    """Twelve held-out queries whose every verdict was "not relevant": P@3 0 -> 0 on all of
+    them, which promoted a candidate that nothing had judged."""
+    unjudged = ModelScore(0.0, None, 0.05, 12, (0.0,) * 12, with_relevant=0)
+    decision = gate(unjudged, unjudged, min_queries=10)
+    assert not decision.promote
+    assert decision.reason.startswith("only 0 held-out feedback queries with a page judged relevant (of 12; on the "
+                                      "others P@3 is 0 for any model) to judge it")
+    judged = ModelScore(0.5, 1.0, 0.05, 12, (0.5,) * 12, with_relevant=10)
+    assert gate(judged, judged, min_queries=10).promote
+
+
+def test_evaluate_model_counts_the_queries_with_a_relevant_page(monkeypatch):
+    from types import SimpleNamespace
+
+    from evidentia.evaluation.queries import EvalQuery
+    from evidentia.records import RankedPage
+    from evidentia.training import retrain
+
+    queries = [EvalQuery("a", ("d",), "q1", "", frozenset({("d", 1)})), EvalQuery("b", ("d",), "q2", "", frozenset())]
+    engine = SimpleNamespace(query=lambda question, answer: question)
+    pages = [RankedPage(doc_id="d", page=1, score=1.0, probability=0.9)]
+    reranker = SimpleNamespace(rerank=lambda query, pool: SimpleNamespace(pages=pages))
+    monkeypatch.setattr(retrain, "first_stage_pool", lambda *a, **k: [])
+    score = retrain.evaluate_model(reranker, queries, engine)
+    assert (score.queries, score.with_relevant) == (2, 1)

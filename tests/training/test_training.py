@@ -377,6 +377,7 @@ def test_training_replaces_an_existing_model(tmp_path, tmp_path_factory):
     base = tm.base_model("encoder", tmp_path_factory)
     out = tmp_path / "current"
     out.mkdir()
+    (out / METADATA_FILE).write_text("{}")  # a model's folder (one that is not is refused: test_cli_train_...)
     (out / "stale.txt").write_text("old")
     records = [r for r in tm.training_records() if r.doc_id == "doc0"]
     meta = train(records, str(base), out, TrainParams(max_steps=1, eval_fraction=0.0), log=lambda _m: None,
@@ -459,6 +460,25 @@ def test_cli_train_bad_setting_is_one_line(tmp_path, monkeypatch):
     assert result.exit_code == 2
     errors = error_lines(result.stderr)
     assert len(errors) == 1 and "EVIDENTIA_THREADS" in errors[0] and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("kind", ["features", "lora"])
+def test_cli_train_refuses_an_out_folder_that_holds_something_else(tmp_path, kind):
+    """A model replaces its whole folder (no file of an older model left beside it):
+    ``--out .`` or a folder of the user's would have been deleted with it."""
+    data = tmp_path / "records.jsonl"
+    write_records(tm.training_records(), data)
+    mine = tmp_path / "my-folder"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    result = CliRunner().invoke(app, ["train", "--kind", kind, "--data", str(data), "--out", str(mine)])
+    assert result.exit_code == 2
+    errors = error_lines(result.stderr)
+    assert len(errors) == 1 and "holds files but no model" in errors[0], result.output
+    assert (mine / "notes.txt").read_text() == "keep me"
+    (tmp_path / "a-file").write_text("x")
+    result = CliRunner().invoke(app, ["train", "--kind", kind, "--data", str(data), "--out", str(tmp_path / "a-file")])
+    assert result.exit_code == 2 and "is a file" in result.stderr
 
 
 def test_cli_dataset_from_climretrieve(tmp_path, passages_dir):
@@ -651,3 +671,66 @@ def test_cli_dataset_record_weight_and_partly_relevant_pages(tmp_path, make_pdf)
     out.write_text(json.dumps({**rows[0], "weight": 0}) + "\n")
     with pytest.raises(DatasetError, match="line 1: weight must be a positive number"):
         read_records(out)
+
+
+def _two_company_queries(make_pdf, rows_extra=None):
+    pdfs = make_pdf("water-2022.pdf", ["Total water withdrawal was 4.2 million cubic metres in 2022.",
+                                       "The cafeteria menu changes every week."]).parent
+    make_pdf("acme-10k.pdf", ["Revenue was $1,577 million.", "The Board of Directors met four times."])
+    rows = [{"id": 1, "doc_id": "water-2022", "question": "How much water was\u2028withdrawn?",
+             "answer": "4.2 million m3", "relevant_pages": [1], "company": "Water"},
+            {"id": 2, "doc_id": "acme-10k", "question": "What was revenue?", "answer": "$1,577 million",
+             "relevant_pages": [1], "company": "Acme"}]
+    return pdfs, rows
+
+
+def test_cli_dataset_split_out_writes_the_lines_of_any_queries_file_it_reads(tmp_path, make_pdf):
+    """A numeric id (read as "1"), a BOM and a U+2028 inside a question: load_queries reads
+    them all; --split-out re-read the file its own way and crashed with a traceback."""
+    pdfs, rows = _two_company_queries(make_pdf)
+    queries = tmp_path / "queries.jsonl"
+    lines = [json.dumps(r, ensure_ascii=False) for r in rows]
+    queries.write_bytes(("\ufeff" + "\n".join(lines) + "\n").encode("utf-8"))
+    split = tmp_path / "split"
+    made = CliRunner().invoke(app, ["dataset", "--out", str(tmp_path / "r.jsonl"), "--queries", str(queries),
+                                    "--pdf-dir", str(pdfs), "--holdout-fraction", "0.5", "--split-out", str(split)])
+    assert made.exit_code == 0, made.output
+    written = [(split / name).read_text(encoding="utf-8").split("\n")
+               for name in ("train_queries.jsonl", "heldout_queries.jsonl")]
+    assert sorted(line for part in written for line in part if line) == sorted(lines)
+    assert all(len([line for line in part if line]) == 1 for part in written)
+
+
+def test_cli_dataset_refuses_a_split_field_the_queries_lack(tmp_path, make_pdf):
+    """A misspelt --split-by put every query in one group "None", held out whole: an empty
+    training file, exit 0."""
+    pdfs, rows = _two_company_queries(make_pdf)
+    queries = tmp_path / "queries.jsonl"
+    queries.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    out = tmp_path / "r.jsonl"
+    args = ["dataset", "--out", str(out), "--queries", str(queries), "--pdf-dir", str(pdfs)]
+    typo = CliRunner().invoke(app, args + ["--holdout-fraction", "0.2", "--split-by", "compnay"])
+    assert typo.exit_code == 2 and not out.exists()
+    assert error_lines(typo.stderr) == ["error: --split-by compnay: 2 of 2 queries have no such field (1, 2); "
+                                        "name a field every query has, or doc_id"]
+    every = CliRunner().invoke(app, args + ["--holdout-fraction", "0.9"])
+    assert every.exit_code == 2 and not out.exists()
+    assert "holds out every query" in every.stderr
+
+
+def test_cli_dataset_climretrieve_gives_no_record_of_a_held_out_report(tmp_path):
+    """training/splits/heldout.json's reports are those evaluation reports on."""
+    from evidentia.evaluation.climretrieve import held_out_reports, load_split
+
+    held = sorted(held_out_reports(load_split()))[0]
+    folder = tmp_path / "cr"
+    folder.mkdir()
+    rows = [dict(row, report=held) if row["report"] == "B" else row for row in PASSAGES]
+    (folder / "passages.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "records.jsonl"
+    result = CliRunner().invoke(app, ["dataset", "--out", str(out), "--climretrieve", str(folder)])
+    assert result.exit_code == 0, result.output
+    records = read_records(out)
+    assert records and {r.doc_id for r in records} == {"A"}
+    left_out = [r for r in records_from_climretrieve(folder / "passages.jsonl") if r.doc_id == held]
+    assert f"left out {len(left_out)} ClimRetrieve records of 1 report(s) held out for evaluation" in result.stderr
