@@ -54,6 +54,7 @@ def serve_command(
         app.state.services.engine.ocr  # noqa: B018
     except ConfigError as exc:
         raise fail(str(exc))
+    _announce(host, port, settings)
     # One process: the store, the indexing worker and the cached models are per
     # process (and tantivy allows one writer); scale with threads, not workers.
     # log_config=None: uvicorn's lines take the format above (they had no time, beside timestamped ones);
@@ -61,6 +62,29 @@ def serve_command(
     uvicorn.run(app, host=host, port=port, log_level=log_level, log_config=None, access_log=False,
                 timeout_graceful_shutdown=10,
                 **server_limits(settings))
+
+
+def _announce(host: str, port: int, settings) -> None:
+    """Where the web page and the API's documentation are, and a warning when no API key
+    exists yet: uvicorn says only "running on http://host:port", and a newcomer who opened
+    the page then had nothing to sign in with."""
+    import logging
+
+    from evidentia.store import Store, store_path
+
+    log = logging.getLogger("evidentia.serve")
+    shown = "localhost" if host in ("0.0.0.0", "::", "") else f"[{host}]" if ":" in host else host
+    base = f"http://{shown}:{port}"
+    log.info("web page: %s/ui/ ; API documentation: %s/docs", base, base)
+    store = Store(store_path(settings.data_dir))
+    try:
+        keys = len(store.list_keys())
+    finally:
+        store.close()
+    if not keys:
+        admin = " or POST /v1/admin/keys with EVIDENTIA_ADMIN_KEY" if settings.admin_key else ""
+        log.warning("no API key yet, so neither the web page nor the API can be used: `evidentia keys create "
+                    "--tenant default` makes one (with this EVIDENTIA_DATA_DIR)%s", admin)
 
 
 def listen_problem(host: str, port: int) -> str | None:

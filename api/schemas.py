@@ -208,7 +208,9 @@ class ValidateResponse(BaseModel):
     reranker: str
     stage: Stage = Field(..., description="The first stage that built the candidate pool.")
     stage_note: str | None = Field(None, description="Set when the server's default stage (hybrid) searched with "
-                                   "`bm25` because a document has no page embeddings; says how to add them.")
+                                   "`bm25` because a document has no page embeddings (says how to add them), or "
+                                   "when no page of a hybrid pool holds any of the query's words (found by meaning "
+                                   "alone, they may not be evidence).")
     fallback_reason: str | None = Field(None, description="Set when the reranker failed and the first-stage order "
                                         "was returned instead.")
     timings_ms: dict[str, float]

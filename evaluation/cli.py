@@ -162,6 +162,16 @@ def eval_command(
     ctx = Context(batch=True)
     pool = pool_size or ctx.settings.pool_size
     try:
+        searched = ctx.engine.config()  # what `evidentia search` runs without options
+    except ConfigError:
+        searched = None
+    if searched is not None and all((c.stage, c.reranker, c.threshold) != (searched.stage, searched.reranker,
+                                                                          searched.threshold) for c in configs):
+        # `eval --reranker classifier` measured bm25+classifier, unthresholded, where `search
+        # --reranker classifier` runs hybrid at t: a newcomer took one for the other
+        typer.echo(f"note: `evidentia search` runs {searched.label} by default, which is not among these; "
+                   f"add it to --compare to measure what a search returns", err=True)
+    try:
         ctx.require_documents(all_doc_ids(items), [pdf_dir] if pdf_dir else [],
                               lambda missing: str(UnknownDocumentsError(missing, pdf_dir)))
         refuse_pages_beyond_documents(queries, items, ctx.engine)

@@ -76,7 +76,13 @@ def _index(ctx: Context, paths: list[Path], tenant: Optional[str] = None, kept: 
         typer.echo(f"no PDF found in {shown} (files ending in .pdf, folders searched recursively)", err=True)
     typer.echo(summary.line())
     # a file's id is its name's (README): a document of the same id indexed before is replaced
-    replaced = [i for i in (split_internal_id(d)[1] for d in summary.doc_ids) if i in before]
+    ids = [split_internal_id(d)[1] for d in summary.doc_ids]
+    new = [i for i in ids if i not in before]
+    if new and kept:
+        # ids are made from file names ("Foot Locker 8K (May).PDF" is Foot-Locker-8K-May), and
+        # every later command takes one: only `evidentia docs` showed them
+        typer.echo(f"document id(s): {listed(new)} (what search --doc, page and delete take)", err=True)
+    replaced = [i for i in ids if i in before]
     if replaced:
         shown = listed(replaced)
         typer.echo(f"replaced {len(replaced)} document(s) indexed before under the same id: {shown}", err=True)
@@ -142,7 +148,8 @@ def search(
         raise fail(str(MissingVectorsError(_external(exc.doc_ids), tenant)), EXIT_BACKEND)
     except BackendError as exc:
         raise fail(str(exc), EXIT_BACKEND)
-    stage_note = missing_vectors_note(_external(result.without_vectors), tenant) if result.without_vectors else None
+    stage_note = (missing_vectors_note(_external(result.without_vectors), tenant) if result.without_vectors
+                  else result.meaning_only_note)
     if stage_note:
         typer.echo(f"warning: {stage_note}", err=True)
     note = result.note
@@ -238,6 +245,9 @@ def docs(tenant: Optional[str] = typer.Option(None, "--tenant", help="Only this 
         return
     if not found:
         typer.echo("no document indexed" + (f" for tenant {tenant}" if tenant else ""))
+        # a second terminal without the first one's `export EVIDENTIA_DATA_DIR=...` read another,
+        # empty, data directory and said only this
+        typer.echo(f"(data directory {ctx.settings.data_dir}; EVIDENTIA_DATA_DIR names another)", err=True)
         return
     scans = any(d.ocr_pages or d.unread_pages for d in found)  # OCR columns only where there are scans
     # a status column only where an upload is not searchable (queued, indexing, failed)

@@ -131,6 +131,19 @@ class SearchResult:
         return "bm25" if self.without_vectors else self.config.stage
 
     @property
+    def meaning_only_note(self) -> str | None:
+        """Said when the hybrid pool holds no page with any of the query's words (BM25
+        found none there): "capex" brought back an exhibit list at the same kind of
+        score as evidence, and nothing said why. None otherwise."""
+        if self.stage != "hybrid" or not self.query.keywords or not self.candidates:
+            return None
+        if any("bm25" in c.found_by or not c.found_by for c in self.candidates):
+            return None
+        words = ", ".join(self.query.keywords[:8])
+        return (f"none of these pages contains any of the words {words}: the hybrid stage found them by meaning "
+                "alone, so they may not be evidence; try the words the evidence would use")
+
+    @property
     def note(self) -> str | None:
         """Why no page came back, and what to do about it (None when pages did)."""
         if self.pages:

@@ -137,6 +137,9 @@ class Candidate:
     text: str
     language: str | None = None
     snippet: str = ""
+    # the first stages whose ranking held the page ("bm25", "dense"): a hybrid pool without
+    # a "bm25" page matched none of the query's words (SearchResult.meaning_only_note)
+    found_by: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

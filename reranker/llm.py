@@ -748,6 +748,10 @@ class LLMReranker(Reranker):
             except (openai.RateLimitError, openai.APITimeoutError, openai.APIConnectionError) as exc:
                 if deadline.expired():  # the watchdog closed the connection
                     raise LLMFailure(self._late(deadline, attempt, exc)) from None
+                # said as they happen: an endpoint refusing connections (a mistyped port) was 18 s
+                # of silence on the command line before the fallback
+                log.warning("LLM request to %s failed (attempt %d of %d): %s", self.base_url or "the default endpoint",
+                            attempt, attempts, self._masked(_upstream_detail(exc)))
                 error = exc
             except openai.APIStatusError as exc:
                 detail = self._masked(_upstream_detail(exc))

@@ -25,8 +25,9 @@ def rrf(rankings: Sequence[Sequence[Candidate]], weights: Sequence[float] | None
     The returned Candidates carry the fused score, and the text, language and
     snippet of the page's first appearance (the first ranking that has it, so
     with BM25 first its keyword snippet is kept; an empty snippet is filled from
-    a later ranking). Equal scores are ordered by doc id, then page. A ranking
-    of weight 0 is ignored altogether."""
+    a later ranking), and the stages of every ranking that has it (``found_by``).
+    Equal scores are ordered by doc id, then page. A ranking of weight 0 is
+    ignored altogether."""
     if weights is None:
         weights = [1.0] * len(rankings)
     if len(weights) != len(rankings):
@@ -49,8 +50,10 @@ def rrf(rankings: Sequence[Sequence[Candidate]], weights: Sequence[float] | None
             scores[key] = scores.get(key, 0.0) + weight / (k + rank)
             if key not in first:
                 first[key] = cand
-            elif not first[key].snippet and cand.snippet:
-                first[key] = replace(first[key], snippet=cand.snippet)
+            else:
+                known = first[key]
+                found_by = known.found_by + tuple(s for s in cand.found_by if s not in known.found_by)
+                first[key] = replace(known, snippet=known.snippet or cand.snippet, found_by=found_by)
     order = sorted(scores, key=lambda key: (-scores[key], key[0], key[1]))
     if top_k is not None:
         order = order[:max(0, top_k)]

@@ -37,7 +37,7 @@ class BM25Retriever(FirstStage):
 
     def retrieve(self, query: Query, doc_ids: Sequence[str], top_k: int,
                  timings: dict[str, float] | None = None) -> list[Candidate]:
-        return self.backend.search(query.keywords, doc_ids, top_k)
+        return [replace(c, found_by=("bm25",)) for c in self.backend.search(query.keywords, doc_ids, top_k)]
 
 
 class DenseRetriever(FirstStage):
@@ -55,8 +55,8 @@ class DenseRetriever(FirstStage):
             timings["embed_query"] = (time.perf_counter() - t0) * 1000
         found = self.backend.search_dense(vector, doc_ids, top_k, model=self.embedder.name)
         # dense hits carry no keyword snippet: make one, so every stage shows the same kind
-        return [replace(c, snippet=c.snippet or make_snippet(c.text, query.keywords, language=c.language))
-                for c in found]
+        return [replace(c, snippet=c.snippet or make_snippet(c.text, query.keywords, language=c.language),
+                        found_by=("dense",)) for c in found]
 
 
 class HybridRetriever(FirstStage):

@@ -57,6 +57,8 @@ def test_index_good_file(cli, multilingual_pdf, cli_env):
     assert result.stdout.splitlines()[-1] == summary_line(1, 9, 2, 0)
     assert error_lines(result.stderr) == []
     assert (cli_env / "index").is_dir()
+    # ids are made from file names, and every later command takes one: only `docs` showed them
+    assert f"document id(s): {multilingual_pdf.path.stem} (" in result.stderr
 
 
 def test_index_files_and_folders_with_bad_files(cli, multilingual_pdf, bad_pdfs, make_pdf, tmp_path):
@@ -248,9 +250,11 @@ def test_docs_lists_documents_with_page_counts(cli, indexed, tmp_path):
     assert [(d["ocr_pages"], d["unread_pages"]) for d in documents] == [(0, 0), (0, 1)]
 
 
-def test_docs_empty_index(cli):
+def test_docs_empty_index(cli, cli_env):
     result = cli("docs")
     assert result.exit_code == 0 and result.stdout.strip() == "no document indexed"
+    # a terminal without the other one's `export EVIDENTIA_DATA_DIR=...` read another data directory
+    assert f"data directory {cli_env};" in result.stderr
 
 
 def test_delete(cli, indexed):
@@ -615,7 +619,7 @@ def test_unknown_variables_and_an_ignored_elasticsearch_url_are_warned_about(cli
     monkeypatch.setenv("EVIDENTIA_UI_SCREENSHOTS", "docs")  # read by a test: not warned about
     result = cli("docs")
     assert result.exit_code == 0, result.output
-    assert result.stderr.splitlines() == [
+    assert [line for line in result.stderr.splitlines() if not line.startswith("(data directory")] == [
         "warning: EVIDENTIA_TOP_K is not a setting of Evidentia and is ignored; did you mean EVIDENTIA_POOL_SIZE?",
         "warning: EVIDENTIA_ES_URL is set but EVIDENTIA_BACKEND is embedded; set EVIDENTIA_BACKEND=elasticsearch "
         "to use it"]

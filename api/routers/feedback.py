@@ -23,17 +23,20 @@ def _check(services: Services, caller: Caller, body: FeedbackRequest):
     if validation is None:
         raise ApiError(404, "validation_not_found", f"no validation {body.validation_id!r} (it is the "
                        f"validation_id POST /v1/validate answered)", {"validation_id": body.validation_id})
-    returned = {(p["document_id"], p["page"]) for p in validation.pages}
-    if (body.document_id, body.page) not in returned:
-        raise ApiError(422, "page_not_in_validation", f"page {body.page} of {body.document_id} was not among the "
-                       f"pages validation {body.validation_id} returned; give feedback on those only",
-                       {"returned": [{"document_id": d, "page": p} for d, p in sorted(returned)]})
+    # any page of a document the validation searched, not only those it returned: the page an
+    # analyst found the evidence on by reading further is the label the next model needs most
+    if body.document_id not in validation.document_ids:
+        raise ApiError(422, "document_not_in_validation", f"document {body.document_id} was not searched by "
+                       f"validation {body.validation_id}; it searched {', '.join(validation.document_ids)}",
+                       {"document_ids": list(validation.document_ids)})
     return validation
 
 
 @router.post(
-    "", status_code=201, response_model=FeedbackOut, summary="Record whether a returned page supports the answer",
-    description="Answers 201 once the judgement is committed to disk. One judgement per (validation, page, "
+    "", status_code=201, response_model=FeedbackOut, summary="Record whether a page supports the answer",
+    description="Answers 201 once the judgement is committed to disk. The page is one the validation returned, "
+                "or any other page of a document it searched (evidence the analyst found by reading further). "
+                "One judgement per (validation, page, "
                 "analyst): sending it again replaces it (a new `feedback_id`, and it moves to the end of the "
                 "export). The page's text is kept with it, so the export stays valid if the document is later "
                 f"uploaded again. At most {MAX_VERDICTS_PER_PAGE} analysts' judgements per page of a validation.",
@@ -43,11 +46,14 @@ def _check(services: Services, caller: Caller, body: FeedbackRequest):
             "The document was deleted since the validation (`document_gone`), or uploaded again and re-indexed "
             "(`document_changed`: its pages are another file's; validate again), or the page already has "
             f"{MAX_VERDICTS_PER_PAGE} analysts' judgements in this validation (`too_many_verdicts`).")},
+        422: {"model": ErrorResponse, "description": (
+            "A field is missing or wrong, the document was not searched by the validation "
+            "(`document_not_in_validation`), or it has no such page (`page_out_of_range`).")},
     },
 )
 async def post_feedback(body: FeedbackRequest, caller: Caller = Depends(require_tenant),
                         services: Services = Depends(get_services)) -> FeedbackOut:
-    await run_in_threadpool(_check, services, caller, body)
+    validation = await run_in_threadpool(_check, services, caller, body)
     backend = require_backend(services)
     gone = ApiError(409, "document_gone", f"document {body.document_id} was deleted or replaced since the "
                     f"validation; its page {body.page} is no longer indexed",
@@ -60,13 +66,17 @@ async def post_feedback(body: FeedbackRequest, caller: Caller = Depends(require_
         with services.doc_lock:
             doc = services.store.get_document(caller.tenant, body.document_id)
             if doc is None:
-                return None, None
-            return backend.get_page(internal_id(caller.tenant, body.document_id), body.page), doc.generation
+                return None, None, None
+            return backend.get_page(internal_id(caller.tenant, body.document_id), body.page), doc.generation, doc
 
     try:
-        page, generation = await run_blocking(services, read_page)
+        page, generation, doc = await run_blocking(services, read_page)
     except BackendError as exc:
         raise backend_unavailable(exc) from None
+    searched = (validation.generations or {}).get(body.document_id)
+    if page is None and doc is not None and body.page > doc.pages and searched in (None, doc.generation):
+        raise ApiError(422, "page_out_of_range", f"document {body.document_id} has {doc.pages} page(s), not "
+                       f"{body.page}", {"document_id": body.document_id, "pages": doc.pages})
     if page is None:
         raise gone
     try:

@@ -222,7 +222,8 @@ async def validate(body: ValidateRequest, request: Request, caller: Caller = Dep
     if fallback_reason:
         m.fallbacks.labels(result.reranker).inc()
     return ValidateResponse(validation_id=validation.validation_id, pages=pages, reranker=result.reranker,
-                            stage=result.stage, stage_note=_stage_note(result.without_vectors),
+                            stage=result.stage,
+                            stage_note=_stage_note(result.without_vectors) or result.meaning_only_note,
                             fallback_reason=fallback_reason,
                             timings_ms={k: round(v, 2) for k, v in timings.items()}, model_version=version,
                             candidates=len(result.candidates), threshold=result.config.threshold,

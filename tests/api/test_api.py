@@ -679,9 +679,17 @@ def test_feedback_errors(client, sample_pdf):
         refused = client.post("/v1/feedback", headers=h, json={**fb, "page": 2, **wrong})
         assert_error(refused, 422, "validation_error")
         assert len(refused.content) < 2_000
-    err = assert_error(client.post("/v1/feedback", headers=h, json={**fb, "page": missing_page}), 422,
-                       "page_not_in_validation")
-    assert {"document_id": "acme-2023", "page": 2} in err["details"]["returned"]
+    # a page the validation did not return, of a document it searched: the evidence an analyst
+    # found by reading further, the label the next model needs most (it was refused, 422)
+    found = client.post("/v1/feedback", headers=h, json={**fb, "page": missing_page})
+    assert found.status_code == 201, found.text
+    err = assert_error(client.post("/v1/feedback", headers=h, json={**fb, "page": 99}), 422, "page_out_of_range")
+    assert err["details"] == {"document_id": "acme-2023", "pages": 6}
+    err = assert_error(client.post("/v1/feedback", headers=h, json={**fb, "document_id": "other", "page": 1}), 422,
+                       "document_not_in_validation")
+    assert err["details"] == {"document_ids": ["acme-2023"]}
+    exported = [json.loads(line) for line in client.get("/v1/feedback/export", headers=h).text.splitlines()]
+    assert [(r["page"], r["relevance"]) for r in exported] == [(missing_page, 1)]
     assert_error(client.post("/v1/feedback", headers=h, json={**fb, "page": 2, "relevant": "perhaps"}), 422)
     # a verdict becomes training data: "yes", "0" or a page as "2" are refused, not guessed
     for wrong in ({"relevant": "yes"}, {"relevant": 0}, {"page": "2"}):
@@ -692,7 +700,7 @@ def test_feedback_errors(client, sample_pdf):
     # the document is deleted after the validation: nothing to attach the judgement to
     assert client.delete("/v1/documents/acme-2023", headers=h).status_code == 204
     assert_error(client.post("/v1/feedback", headers=h, json={**fb, "page": 2}), 409, "document_gone")
-    assert client.get("/v1/feedback/export", headers=h).text == ""
+    assert client.get("/v1/feedback/export", headers=h).text == ""  # a deleted document's verdicts go with it
 
 
 def test_rate_limit(own_client):

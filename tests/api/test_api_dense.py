@@ -94,7 +94,8 @@ def test_upload_gets_vectors_and_hybrid_finds_the_paraphrased_page(dense):
         assert "embed_query" in body["timings_ms"]
     default = validate(client, headers, ["report"])  # EVIDENTIA_STAGE defaults to hybrid (dense on)
     assert default.status_code == 200 and default.json()["stage"] == "hybrid"
-    assert default.json()["stage_note"] is None
+    assert bm25.json()["pages"] == []  # no page holds a word of the query: said, the pages found by meaning alone
+    assert default.json()["stage_note"].startswith("none of these pages contains any of the words pollution, ")
 
 
 def test_a_question_of_no_searchable_word_gets_the_note_on_every_stage(dense):

@@ -86,3 +86,24 @@ def test_serve_logs_in_one_format_with_the_apps_access_log(monkeypatch, tmp_path
     monkeypatch.setenv("EVIDENTIA_DATA_DIR", str(tmp_path))
     assert CliRunner().invoke(app, ["serve", "--port", str(free_port())]).exit_code == 0
     assert calls and calls[0]["log_config"] is None and calls[0]["access_log"] is False
+
+
+def test_serve_says_where_the_web_page_is_and_warns_while_no_api_key_exists(serve, monkeypatch, tmp_path, caplog):
+    """uvicorn says only "running on http://host:port": a newcomer who found the page had
+    nothing to sign in with."""
+    from evidentia.store import Store, store_path
+
+    monkeypatch.setenv("EVIDENTIA_DATA_DIR", str(tmp_path))
+    with caplog.at_level("INFO", logger="evidentia.serve"):
+        result, started = serve()
+    assert started, result.output
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "evidentia.serve"]
+    assert lines[0][0] == "INFO" and "/ui/" in lines[0][1] and "/docs" in lines[0][1]
+    assert lines[1][0] == "WARNING" and "evidentia keys create --tenant default" in lines[1][1]
+    store = Store(store_path(tmp_path))
+    store.create_key("default")
+    store.close()
+    caplog.clear()
+    with caplog.at_level("INFO", logger="evidentia.serve"):
+        result, started = serve()
+    assert started and [r.levelname for r in caplog.records if r.name == "evidentia.serve"] == ["INFO"]

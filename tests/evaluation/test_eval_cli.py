@@ -101,8 +101,17 @@ def check_png(path: Path) -> None:
 # --------------------------------------------------------------------------- bm25 end to end
 
 
-def test_eval_bm25_end_to_end(env):
+def test_eval_says_nothing_of_the_search_default_when_it_measures_it(env, monkeypatch):
+    _, pdfs, queries = env
+    monkeypatch.setenv("EVIDENTIA_STAGE", "bm25")
+    result = invoke("--queries", queries, "--pdf-dir", pdfs, "--compare", "bm25,bm25+cosine")
+    assert result.exit_code == 0, result.output
+    assert "note:" not in result.stderr
+
+
+def test_eval_bm25_end_to_end(env, monkeypatch):
     tmp, pdfs, queries = env
+    monkeypatch.setenv("EVIDENTIA_STAGE", "hybrid")  # the tests' default is bm25 (EVIDENTIA_DENSE=off)
     run_file = tmp / "out" / "run.jsonl"
     report = tmp / "report"
     result = invoke("--queries", queries, "--pdf-dir", pdfs, "--compare", "bm25",
@@ -115,6 +124,8 @@ def test_eval_bm25_end_to_end(env):
     assert "1 query without relevant pages" in out
     # only the documents the queries name were indexed from --pdf-dir
     assert "2 document(s)" in result.stderr
+    # a newcomer measured bm25 and took it for what `search` returns (hybrid by default)
+    assert "note: `evidentia search` runs hybrid by default, which is not among these" in result.stderr
 
     # The run file: one line per query, the whole pool (no reranker), best first.
     lines = read_run(run_file)

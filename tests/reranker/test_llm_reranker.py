@@ -283,14 +283,18 @@ def test_timeouts_are_retried(sleeps):
     assert "timed out" in result.fallback_reason
 
 
-def test_connection_errors_are_retried(sleeps):
+def test_connection_errors_are_retried_and_each_is_said(sleeps, caplog):
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     r = LLMReranker(base_url=f"http://127.0.0.1:{port}/v1", api_key="test", timeout_s=2.0, max_retries=2,
                     sleep=sleeps.append)
-    result = r.rerank(build_query(QUESTION, ANSWER), POOL)
+    with caplog.at_level("WARNING", logger="evidentia.reranker.llm"):
+        result = r.rerank(build_query(QUESTION, ANSWER), POOL)
     assert sleeps == [1.0, 2.0] and result.info["requests"] == 3
+    # a mistyped port was 18 s of silence on the command line, then the fallback
+    said = [m.getMessage() for m in caplog.records if "failed (attempt" in m.getMessage()]
+    assert [m.split("(attempt ")[1][:6] for m in said] == ["1 of 3", "2 of 3", "3 of 3"], said
     assert result.pages == passthrough(POOL)
     assert result.fallback_reason == "LLM unavailable after 3 attempts: connection error; first-stage order returned"
 

@@ -267,6 +267,24 @@ def test_hybrid_pool_finds_the_page_bm25_misses(backend, embedder, embedded_repo
     assert scores == sorted(scores, reverse=True) and all(0 < s < 2 / 61 + 1e-9 for s in scores)
 
 
+def test_a_hybrid_pool_without_any_of_the_words_says_its_pages_were_found_by_meaning(backend, embedder,
+                                                                                     embedded_report, detector):
+    """"capex" brought back an exhibit list at the same kind of score as evidence, and
+    nothing said that no page held the word."""
+    backend.index_document(embedded_report)
+    engine = Engine(Settings(), backend=backend, embedder=embedder)
+    found = search(engine, "hybrid")
+    assert {s for c in found.candidates for s in c.found_by} == {"bm25", "dense"}
+    assert found.meaning_only_note is None  # BM25 found the decoys: they hold words of the query
+    config = RunConfig(stage="hybrid", pool_size=4)
+    nowhere = engine.search("xyzzyqux?", "", ["report"], config)
+    assert nowhere.candidates and all(c.found_by == ("dense",) for c in nowhere.candidates)
+    assert nowhere.meaning_only_note.startswith("none of these pages contains any of the words xyzzyqux: ")
+    # asked for, the dense stage is by meaning: nothing to say; nor without a searchable word
+    assert engine.search("xyzzyqux?", "", ["report"], RunConfig(stage="dense", pool_size=4)).meaning_only_note is None
+    assert engine.search("???", "", ["report"], config).meaning_only_note is None
+
+
 def test_hybrid_weights_and_depth(backend, embedder, embedded_report, detector):
     backend.index_document(embedded_report)
     only_bm25 = Engine(Settings(hybrid_weights=(1.0, 0.0)), backend=backend, embedder=embedder)

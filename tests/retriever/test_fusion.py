@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from evidentia.config import ConfigError, Settings
@@ -196,3 +198,10 @@ def test_the_hybrid_stage_keeps_each_ranking_s_first_page():
 
     hybrid = HybridRetriever(Fixed([c("a", 99)] + shared), Fixed(shared))
     assert keys(hybrid.retrieve(None, ["a"], 5)) == [("a", 1), ("a", 2), ("a", 3), ("a", 4), ("a", 99)]
+
+
+def test_a_fused_page_names_every_stage_that_ranked_it():
+    bm25 = [replace(c("a", 1), found_by=("bm25",)), replace(c("a", 2), found_by=("bm25",))]
+    dense = [replace(c("a", 2), found_by=("dense",)), replace(c("a", 3), found_by=("dense",))]
+    fused = {(x.doc_id, x.page): x.found_by for x in rrf([bm25, dense])}
+    assert fused == {("a", 1): ("bm25",), ("a", 2): ("bm25", "dense"), ("a", 3): ("dense",)}
