@@ -1,11 +1,14 @@
-"""``evidentia serve`` and ``evidentia keys``. Only typer is imported at module
-level, so `evidentia --help` stays fast; FastAPI and uvicorn load when serving."""
+"""``evidentia serve`` and ``evidentia keys``. Only typer and evidentia.console (which
+evidentia.cli has imported already) are imported at module level, so `evidentia --help`
+stays fast; FastAPI and uvicorn load when serving."""
 
 from __future__ import annotations
 
 import json
 
 import typer
+
+from evidentia.console import App
 
 
 def _settings():
@@ -139,7 +142,7 @@ def server_limits(settings) -> dict:
     }
 
 
-keys_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="API keys of the validation API (written to its store).")
+keys_app = App(no_args_is_help=True, help="API keys of the validation API (written to its store).")
 
 
 def _store():
@@ -189,10 +192,13 @@ def keys_list():
 
 
 @keys_app.command("delete")
-def keys_delete(key_id: str = typer.Argument(..., help="The key id (from `evidentia keys list`).")):
+def keys_delete(key_id: str = typer.Argument(..., help="The key id (from `evidentia keys list`), or the whole key.")):
     """Revoke a key."""
     from evidentia.console import EXIT_BAD_INPUT, fail
+    from evidentia.store import split_key
 
+    # the whole key pasted (evk_<key_id>_<secret>): its id; no message repeats the secret
+    key_id = (split_key(key_id) or (key_id,))[0]
     store = _store()
     try:
         deleted = store.delete_key(key_id)

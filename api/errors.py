@@ -109,6 +109,18 @@ NO_FILE_MESSAGE = ("no file: send the PDF as the form's `file` part, with its fi
                    "its end loses it too)")
 
 
+def no_file_message(media_type: str) -> str:
+    """What an upload without a file part is told, by its Content-Type ``media_type``: a
+    PDF sent as the raw body (`curl --data-binary @x.pdf`) is no form at all, and was told
+    only of the form's part."""
+    if media_type.lower() == "multipart/form-data":
+        return NO_FILE_MESSAGE
+    said = (f"this request's Content-Type is {bounded_echo(media_type)!r}" if media_type
+            else "this request has no Content-Type")
+    return ("no file: send the PDF as the `file` part of a multipart/form-data body, with its file name "
+            f"(`curl -F file=@report.pdf`); {said}")
+
+
 def bounded_echo(text: str) -> str:
     """``text`` with every run of more than ECHO_CHARS non-space characters (an echoed
     value: 'rrrr...', a 4000-digit number) cut to its first ECHO_CHARS and "…", and the
@@ -173,7 +185,7 @@ def install_handlers(app: FastAPI) -> None:
                                   f"the body must be JSON, sent with Content-Type: application/json ({said})")
         for d in details:  # a form without a file part (or cut short), or a file part without a filename
             if d["loc"] == ["body", "file"] and ("Expected UploadFile" in d["message"] or d["type"] == "missing"):
-                d["message"] = NO_FILE_MESSAGE
+                d["message"] = no_file_message(sent)
         parts = [f"{_loc(d['loc'])}: {d['message']}" for d in details[:3]]
         more = f" (and {len(details) - 3} more)" if len(details) > 3 else ""
         return error_response(422, "validation_error", "; ".join(parts) + more, details)

@@ -10,18 +10,32 @@ from typing import List, Optional
 import typer
 
 from evidentia.config import ConfigError, declared_default
-from evidentia.console import (EXIT_BACKEND, EXIT_BAD_INPUT, EXIT_FALLBACK, Context, fail, quiet_libraries,
+from evidentia.console import (EXIT_BACKEND, EXIT_BAD_INPUT, EXIT_FALLBACK, App, Context, fail, quiet_libraries,
                                warn_about_environment)
 from evidentia.text import listed
 
-# rich_markup_mode=None: plain help, so flags read as `--json`, not `--json <bool>`
-app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
-                  help="Find the PDF pages that support a supplier's answer.")
+app = App(add_completion=False, no_args_is_help=True, help="Find the PDF pages that support a supplier's answer.")
+
+
+def _print_version(asked: bool) -> None:
+    """`--version`: the installed package's version, from its metadata (the one pip reports)."""
+    if not asked:
+        return
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        installed = version("evidentia")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        installed = "unknown (not installed)"
+    typer.echo(f"evidentia {installed}")
+    raise typer.Exit()
 
 
 @app.callback()
 def main_options(verbose: bool = typer.Option(False, "--verbose", "-v",
-                                              help="Also show third-party progress bars and warnings.")):
+                                              help="Also show third-party progress bars and warnings."),
+                 version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                              help="Print the version and exit.")):
     quiet_libraries(verbose)
     warn_about_environment()
 
@@ -108,7 +122,7 @@ def index(paths: List[Path] = typer.Argument(..., help="PDF files or folders (se
 
 @app.command()
 def search(
-    doc: List[str] = typer.Option(..., "--doc", help="Document id to search in (repeatable)."),
+    doc: List[str] = typer.Option(..., "--doc", metavar="ID", help="Document id to search in (repeatable)."),
     question: str = typer.Option(..., "--question", "-q", help="The questionnaire's question."),
     answer: str = typer.Option("", "--answer", "-a", help="The supplier's answer, to check against the pages "
                                "(optional: without it the question alone is searched)."),
@@ -143,7 +157,7 @@ def search(
     except (ConfigError, EmbeddingError) as exc:
         raise fail(str(exc))
     except UnknownDocumentError as exc:
-        raise fail(_unknown_documents_message(library, tenant, _external(exc.doc_ids)), EXIT_BAD_INPUT)
+        raise fail(_unknown_documents_message(library, tenant, _external(exc.doc_ids), "--doc"), EXIT_BAD_INPUT)
     except MissingVectorsError as exc:  # a stage asked for; the default one falls back to bm25
         raise fail(str(MissingVectorsError(_external(exc.doc_ids), tenant)), EXIT_BACKEND)
     except BackendError as exc:
@@ -183,9 +197,10 @@ def search(
         raise typer.Exit(EXIT_FALLBACK)
 
 
-def _unknown_documents_message(library, tenant: str, unknown: list[str]) -> str:
+def _unknown_documents_message(library, tenant: str, unknown: list[str], option: str | None = None) -> str:
     """Why documents of ``tenant`` cannot be searched: an upload the API is still
-    indexing, or one that failed, is not unknown, and nor is one of another tenant."""
+    indexing, or one that failed, is not unknown, and nor is one of another tenant.
+    ``option``: the repeatable option that named them (search's --doc)."""
     from evidentia.retriever.base import UnknownDocumentError
 
     why = {d: library.why_unsearchable(tenant, d) for d in unknown}
@@ -197,6 +212,7 @@ def _unknown_documents_message(library, tenant: str, unknown: list[str]) -> str:
     if rest:
         parts.append(f"{UnknownDocumentError(rest)}; `evidentia docs` lists the indexed ones")
         parts += _file_name_hints(library, tenant, rest)
+        parts += _typo_hints(library, tenant, rest, option)
     return "; ".join(parts)
 
 
@@ -216,6 +232,32 @@ def _file_name_hints(library, tenant: str, names: list[str]) -> list[str]:
             continue
         where = "" if tenant in held else f", in tenant {held[0]}: add --tenant {held[0]}"
         hints.append(f"{name!r} is a file's name: its document id is {as_id}{where}")
+    return hints
+
+
+def _typo_hints(library, tenant: str, names: list[str], option: str | None = None) -> list[str]:
+    """For ids that are near ids of ``tenant``'s documents: ids joined by commas ("A,B")
+    where ``option`` takes one id a time, and typos, in case too ("3M_2018_10k" for
+    "3M_2018_10K"), with the closest id, the one `eval` would suggest."""
+    from evidentia.store import closest_document_id, document_id_for
+
+    everyone = library.documents()
+    mine = [d.document_id for d in everyone if d.tenant == tenant]
+    held = {d.document_id for d in everyone}
+    hints = []
+    for name in names:
+        ids = [i.strip() for i in name.split(",") if i.strip()]
+        if len(ids) > 1:
+            # most of them known (or half): a list the option does not split, not one id with a comma
+            if option and 2 * len(set(ids) & set(mine)) >= len(ids):
+                repeated = " ".join(f"{option} {i}" for i in ids)
+                hints.append(f"{name!r} is {len(ids)} ids: repeat {option} for each ({repeated})")
+            continue
+        if document_id_for(name) != name and document_id_for(name) in held:
+            continue  # a file's name, whose id _file_name_hints gives
+        close = closest_document_id(name, mine)
+        if close is not None:
+            hints.append(f"the indexed id closest to {name} is {close}")
     return hints
 
 

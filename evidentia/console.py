@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import typer
+from typer.core import TyperCommand
 
 from evidentia.config import ConfigError, Settings, environment_warnings
 from evidentia.engine import Engine, RunConfig, RunConfigError
@@ -24,6 +25,55 @@ EXIT_FALLBACK = 4  # `search --strict`: the reranker fell back to the first-stag
 # How the CLI names each run option of Engine.config in its messages.
 OPTION_FLAGS = {"stage": "--stage", "reranker": "--reranker", "threshold": "--threshold", "pool_size": "--top-k",
                 "question": "--question", "answer": "--answer"}
+
+
+class Command(TyperCommand):
+    """A command whose arguments read as their values are named: `index [OPTIONS] PATHS...`
+    and `PATHS...` under Arguments, where typer wrote `{paths}...` in the usage and
+    `paths... <list[Path]>` in the help."""
+
+    @staticmethod
+    def _metavar(param) -> str:
+        name = param.metavar or param.name.upper()
+        name = name if param.required else f"[{name}]"
+        return f"{name}..." if param.nargs != 1 else name
+
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            is_argument = param.param_type_name == "argument"
+            pieces += [self._metavar(param)] if is_argument else param.get_usage_pieces(ctx)
+        return pieces
+
+    def format_options(self, ctx, formatter) -> None:
+        arguments, options = [], []
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is None:
+                continue
+            if param.param_type_name == "argument":
+                arguments.append((self._metavar(param), record[1]))
+            else:
+                options.append(record)
+        for title, records in (("Arguments", arguments), ("Options", options)):
+            if records:
+                with formatter.section(title):
+                    formatter.write_dl(records)
+
+
+class App(typer.Typer):
+    """A typer app of the CLI (the main one, `models`, `keys`): `-h` works as `--help`
+    does, for the app and each command (a newcomer's first try, refused as "No such
+    option: -h"), and each command is a Command. Plain help (rich_markup_mode None), so
+    flags read as `--json`, not `--json <bool>`."""
+
+    def __init__(self, **kwargs) -> None:
+        kwargs.setdefault("context_settings", {"help_option_names": ["-h", "--help"]})
+        kwargs.setdefault("rich_markup_mode", None)
+        super().__init__(**kwargs)
+
+    def command(self, name: str | None = None, *, cls: type[TyperCommand] | None = None, **kwargs):
+        return super().command(name, cls=cls or Command, **kwargs)
 
 
 def quiet_libraries(verbose: bool = False) -> None:

@@ -15,7 +15,7 @@ from evidentia.indexer.pdf import PdfError, extract_pages
 from evidentia.indexer.worker import ExtractionLimits, extract_bounded
 from evidentia.records import Document
 from evidentia.retriever.base import SearchBackend
-from evidentia.store import document_id_for
+from evidentia.store import closest_document_id, document_id_for
 from evidentia.tenants import split_internal_id
 from evidentia.text import listed
 
@@ -139,16 +139,13 @@ def likely_pdf(doc_id: str, pdfs: dict[str, Path]) -> tuple[str, Path, bool] | N
     by ``doc_id``, an id no file of ``pdfs`` (``pdfs_by_document_id``) has: surely the
     file whose stem it is, or whose id it gives once made an id (accents, spaces);
     else the closest id in any case (a typo); None when none is close."""
-    import difflib
-
     as_id = document_id_for(f"{doc_id}.pdf")  # the suffix keeps a dot in the id ("report.v2")
     for key, path in pdfs.items():
         # or its id before a name that lost letters got its hash ("2023" is now "2023-9293ec27")
         if path.stem == doc_id or key == as_id or re.fullmatch(re.escape(doc_id) + "-[0-9a-f]{8}", key):
             return key, path, True
-    folded = {key.casefold(): key for key in pdfs}
-    close = difflib.get_close_matches(as_id.casefold(), list(folded), n=1, cutoff=0.8)
-    return (folded[close[0]], pdfs[folded[close[0]]], False) if close else None
+    close = closest_document_id(doc_id, pdfs)
+    return (close, pdfs[close], False) if close is not None else None
 
 
 def missing_pdfs_hint(missing: Sequence[str], folders: Sequence[Path], limit: int = 3) -> str:

@@ -24,7 +24,7 @@ import unicodedata
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path, PurePath
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 from evidentia.runtime import make_private_dir
 from evidentia.text import normalise_numbers
@@ -89,6 +89,20 @@ def document_id_for(filename: str) -> str:
     if cleaned and (lost or len(cleaned) > 128):
         cleaned = f"{cleaned[:119].rstrip('-._')}-{digest}"
     return cleaned or f"document-{digest}"
+
+
+def closest_document_id(name: str, document_ids: Iterable[str]) -> str | None:
+    """Of ``document_ids``, the one a mistyped ``name`` most likely means: the closest in
+    any case (``3M_2018_10k`` for ``3M_2018_10K``, ``AMCOR_2023Q4_10K`` for
+    ``AMCOR_2023Q4_10Q``), ``name`` read as the id a file of that name gets; None when
+    none is close. One rule for every command that suggests an id: `eval`'s file of a
+    query's document (indexing.likely_pdf), `search`'s and `page`'s indexed document."""
+    import difflib
+
+    as_id = document_id_for(f"{name}.pdf")  # the suffix keeps a dot in the id ("report.v2")
+    folded = {d.casefold(): d for d in document_ids}
+    close = difflib.get_close_matches(as_id.casefold(), list(folded), n=1, cutoff=0.8)
+    return folded[close[0]] if close else None
 
 
 def _wording(text: str) -> str:

@@ -35,8 +35,9 @@ def missing_vectors_note(document_ids: Sequence[str], tenant: str | None = None)
 
 
 def embed_command(
-    doc: Optional[List[str]] = typer.Option(None, "--doc", help="Document id to embed (repeatable; default: every "
-                                            "indexed document without vectors of EVIDENTIA_DENSE_MODEL)."),
+    doc: Optional[List[str]] = typer.Option(None, "--doc", metavar="ID", help="Document id to embed (repeatable; "
+                                            "default: every indexed document without vectors of "
+                                            "EVIDENTIA_DENSE_MODEL)."),
     tenant: Optional[str] = typer.Option(None, "--tenant", help="Tenant of the --doc ids, or whose documents to "
                                          "embed (default for --doc: the tenant `default`; without --doc: all)."),
     again: bool = typer.Option(False, "--all", help="Embed again documents that already have vectors of this model."),
@@ -80,9 +81,11 @@ def embed_command(
         raise fail("; ".join(parts), EXIT_BAD_INPUT)
     embedder = ctx.embedder
     todo = [d for d in wanted if again or models[d] != embedder.name]
-    for d in wanted:
-        if d not in todo:
-            typer.echo(f"{shown(d)}: already embedded with {embedder.name} (--all embeds it again)", err=True)
+    # one line for them all, not one each: twelve documents said it twelve times
+    done = [shown(d) for d in wanted if d not in todo]
+    if done:
+        typer.echo(f"{len(done)} document(s) already embedded with {embedder.name} ({listed(done, 5)}; --all embeds "
+                   "them again)", err=True)
     if not todo:
         typer.echo("nothing to embed")
         return

@@ -508,6 +508,46 @@ def test_search_help_shows_the_declared_defaults():
     assert f"EVIDENTIA_DEFAULT_RERANKER, {defaults.default_reranker})" in out
 
 
+def _command_paths(command, path=()):
+    """Every command and group of the app, as the words that name it (() for the app)."""
+    yield path
+    for name, sub in getattr(command, "commands", {}).items():
+        yield from _command_paths(sub, (*path, name))
+
+
+def test_version_and_h_are_understood_by_the_app_and_every_command(cli_env):
+    """`evidentia --version` and `-h` were each "No such option", everywhere."""
+    from importlib.metadata import version
+
+    from typer.main import get_command
+
+    runner = CliRunner()
+    shown = runner.invoke(app, ["--version"])
+    assert shown.exit_code == 0 and shown.stdout == f"evidentia {version('evidentia')}\n"
+    paths = list(_command_paths(get_command(app)))
+    assert {("models", "promote"), ("keys", "delete"), ("search",), ()} <= set(paths)
+    for path in paths:
+        short = runner.invoke(app, [*path, "-h"])
+        assert short.exit_code == 0, (path, short.output)
+        assert short.stdout == runner.invoke(app, [*path, "--help"]).stdout and "-h, --help" in short.stdout
+
+
+def test_help_names_arguments_and_repeatable_options_by_their_values():
+    """Usage read `index [OPTIONS] {paths}...`, and a list's type `paths... <list[Path]>`
+    or `--doc <list[str]>`."""
+    from typer.main import get_command
+
+    runner = CliRunner()
+    index = runner.invoke(app, ["index", "--help"], terminal_width=200).stdout
+    assert " index [OPTIONS] PATHS...\n" in index
+    assert re.search(r"^  PATHS\.\.\.  PDF files or folders", index, re.M)
+    assert " page [OPTIONS] DOC_ID NUMBER\n" in runner.invoke(app, ["page", "--help"]).stdout
+    assert re.search(r"^  --doc ID  ", runner.invoke(app, ["search", "--help"]).stdout, re.M)
+    for path in _command_paths(get_command(app)):
+        text = runner.invoke(app, [*path, "--help"], terminal_width=200).stdout
+        assert "<list[" not in text and not re.search(r"\{\w+\}", text), (path, text)
+
+
 # --- documents of another tenant, uploads not searchable, messages ------------------
 
 
@@ -566,6 +606,36 @@ def test_a_document_of_another_tenant_is_named_with_the_tenant_to_give(cli, cli_
     assert delete.exit_code == 1
     assert error_lines(delete.stderr) == ["error: amcor-q4 is in tenant acme: add --tenant acme"]
     assert cli("delete", "--tenant", "acme", "amcor-q4").exit_code == 0
+
+
+def test_search_says_to_repeat_doc_for_ids_joined_by_commas(cli, indexed, tmp_path):
+    """`--doc A,B` was one unknown id "A,B", and nothing said --doc takes one id a time."""
+    assert cli("index", write_sample_report(tmp_path / "acme.pdf")).exit_code == 0
+    for joined, repeated in ((f"{indexed},acme", f"--doc {indexed} --doc acme"),
+                             (f"{indexed}, nope", f"--doc {indexed} --doc nope")):  # half known: still a list
+        result = cli("search", "--doc", joined, "-q", "emissions")
+        assert result.exit_code == 1
+        (line,) = error_lines(result.stderr)
+        assert line.startswith(f"error: unknown document id(s): {joined}; ")
+        assert line.endswith(f"; {joined!r} is 2 ids: repeat --doc for each ({repeated})")
+    # mostly unknown: one id with commas in it, nothing said of --doc
+    assert "repeat --doc" not in cli("search", "--doc", f"x,y,{indexed}", "-q", "emissions").stderr
+
+
+def test_search_and_page_suggest_the_closest_id_in_any_case(cli, indexed, tmp_path):
+    """`3M_2018_10k` for `3M_2018_10K` was told nothing more than that it is unknown,
+    where `eval` names the closest id."""
+    assert cli("index", write_sample_report(tmp_path / "3M_2018_10K.pdf")).exit_code == 0
+    for args in (["search", "--doc", "3M_2018_10k", "-q", "emissions"], ["page", "3M_2018_10k", "1"],
+                 ["search", "--doc", indexed, "--doc", "3M_2018_10Q", "-q", "emissions"]):
+        result = cli(*args)
+        assert result.exit_code == 1, args
+        (line,) = error_lines(result.stderr)
+        typed = "3M_2018_10Q" if "3M_2018_10Q" in args else "3M_2018_10k"
+        assert line.startswith(f"error: unknown document id(s): {typed}; ")
+        assert line.endswith(f"; the indexed id closest to {typed} is 3M_2018_10K"), line
+    far = cli("search", "--doc", "tesla-2022", "-q", "emissions")
+    assert far.exit_code == 1 and "closest" not in far.stderr
 
 
 def test_threshold_without_a_probability_reranker_says_so_plainly(cli, indexed):

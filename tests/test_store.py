@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from evidentia.store import DOCUMENT_ID_RE, TENANT_RE, document_id_for
+from evidentia.store import DOCUMENT_ID_RE, TENANT_RE, closest_document_id, document_id_for
 
 
 @pytest.mark.parametrize("name, expected", [
@@ -107,3 +107,13 @@ def test_a_tenant_named_uploads_keeps_its_files(tmp_path):
     with sqlite3.connect(store_path(data)) as conn:  # as written before: absolute
         conn.execute("UPDATE documents SET file_path = ?", (str(pdf),))
     assert Store(store_path(data)).get_document("uploads", "x").file_path == str(pdf)
+
+
+def test_the_closest_document_id_is_one_rule_for_every_command():
+    """`eval` named the closest file of a mistyped id; `search` and `page` named none
+    (`3M_2018_10k` for `3M_2018_10K`): one function now says it for all."""
+    ids = ["3M_2018_10K", "AMCOR_2023Q4_10Q", "Rapport-durabilite-2023"]
+    assert closest_document_id("3M_2018_10k", ids) == "3M_2018_10K"
+    assert closest_document_id("AMCOR_2023Q4_10K", ids) == "AMCOR_2023Q4_10Q"
+    assert closest_document_id("Rapport durabilité 2023", ids) == "Rapport-durabilite-2023"  # read as its id
+    assert closest_document_id("tesla-2022", ids) is None and closest_document_id("3M_2018_10k", []) is None

@@ -187,23 +187,23 @@ def train_command(
     kind: str = typer.Option("lora", "--kind", help="lora: fine-tune --base-model (QLoRA on a GPU); features: the "
                              "CPU default, a calibrated logistic model over pool-independent features "
                              "(--base-model is then the bi-encoder, default all-MiniLM-L6-v2)."),
-    threshold_skip: Optional[List[str]] = typer.Option(None, "--threshold-skip-docs", help="features: pools of "
-                                                       "documents whose id starts with this are not used to choose "
-                                                       "the default threshold (e.g. CR_: ClimRetrieve pools, every "
-                                                       "page on-topic); repeatable."),
-    memory_family: Optional[List[str]] = typer.Option(None, "--memory-family-docs", help="features: documents whose "
-                                                      "id starts with this are one family (one company's reports): "
-                                                      "their records' memory features come from other documents' "
-                                                      "labels only; repeatable."),
-    memory_exclude: Optional[List[str]] = typer.Option(None, "--memory-exclude-docs", help="features: documents "
-                                                       "whose id starts with this are kept out of the question "
-                                                       "memory: not remembered, and trained as a new question's; "
-                                                       "repeatable."),
-    calibration_only: Optional[List[str]] = typer.Option(None, "--calibration-only-docs", help="features: "
-                                                         "records of documents whose id starts with this only set "
-                                                         "the document calibration (how probable such a "
-                                                         "document's pages are), scored as a new supplier's; the "
-                                                         "page model, memory and folds never see them; "
+    threshold_skip: Optional[List[str]] = typer.Option(None, "--threshold-skip-docs", metavar="PREFIX",
+                                                       help="features: pools of documents whose id starts with this "
+                                                       "are not used to choose the default threshold (e.g. CR_: "
+                                                       "ClimRetrieve pools, every page on-topic); repeatable."),
+    memory_family: Optional[List[str]] = typer.Option(None, "--memory-family-docs", metavar="PREFIX",
+                                                      help="features: documents whose id starts with this are one "
+                                                      "family (one company's reports): their records' memory features "
+                                                      "come from other documents' labels only; repeatable."),
+    memory_exclude: Optional[List[str]] = typer.Option(None, "--memory-exclude-docs", metavar="PREFIX",
+                                                       help="features: documents whose id starts with this are "
+                                                       "kept out of the question memory: not remembered, and "
+                                                       "trained as a new question's; repeatable."),
+    calibration_only: Optional[List[str]] = typer.Option(None, "--calibration-only-docs", metavar="PREFIX",
+                                                         help="features: records of documents whose id starts "
+                                                         "with this only set the document calibration (how probable "
+                                                         "such a document's pages are), scored as a new supplier's; "
+                                                         "the page model, memory and folds never see them; "
                                                          "repeatable."),
     threshold: Optional[float] = typer.Option(None, "--threshold", help="features: the model's threshold t, "
                                               "chosen on labelled validation pools (bench/threshold_validation.py), "
@@ -286,9 +286,9 @@ def distill_command(
     queries: Path = typer.Option(..., "--queries", help="Queries JSONL: question, answer, doc_id (or doc_ids); "
                                  "id optional, relevant_pages optional and ignored."),
     out: Path = typer.Option(..., "--out", help="JSONL file of training records to write."),
-    docs: Optional[List[Path]] = typer.Option(None, "--docs", help="Folder or PDF files of <doc_id>.pdf "
-                                              "(repeatable): documents of the queries not indexed yet are indexed "
-                                              "from them."),
+    docs: Optional[List[Path]] = typer.Option(None, "--docs", metavar="PATH", help="Folder or PDF files of "
+                                              "<doc_id>.pdf (repeatable): documents of the queries not indexed yet "
+                                              "are indexed from them."),
     definitions: Optional[Path] = typer.Option(None, "--definitions", help="JSONL of relevance definitions by "
                                                "question (like ClimRetrieve's question_definitions.jsonl)."),
     definition_field: str = typer.Option("Definition", "--definition-field",

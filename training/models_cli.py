@@ -8,9 +8,10 @@ from typing import Optional
 
 import typer
 
+from evidentia.console import App
 from evidentia.training.lifecycle import RetrainOptions
 
-models_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="The model registry: list, promote, roll back.")
+models_app = App(no_args_is_help=True, help="The model registry: list, promote, roll back.")
 
 
 def retrain_command(

@@ -457,6 +457,25 @@ def test_cli_created_key_works(own_client, monkeypatch):
 
 
 # -- limits and errors --------------------------------------------------------
+def test_a_pdf_sent_as_the_raw_body_is_told_to_send_a_form(client, sample_pdf):
+    """`curl --data-binary @x.pdf -H 'Content-Type: application/pdf'` was told only of "the
+    form's `file` part", as though it had sent a form."""
+    h = new_tenant(client)
+    for content_type, said in (("application/pdf", "this request's Content-Type is 'application/pdf'"),
+                               (None, "this request has no Content-Type")):
+        headers = {**h, "content-type": content_type} if content_type else h
+        raw = client.post("/v1/documents", headers=headers, content=sample_pdf.read_bytes())
+        err = assert_error(raw, 422, "validation_error")
+        assert err["message"] == ("body.file: no file: send the PDF as the `file` part of a multipart/form-data body, "
+                                  f"with its file name (`curl -F file=@report.pdf`); {said}")
+        assert err["details"][0]["message"] == err["message"].removeprefix("body.file: ")
+    # a form without its file part is told of the part alone
+    form = client.post("/v1/documents", headers={**h, "content-type": "multipart/form-data; boundary=b"},
+                       content=b'--b\r\nContent-Disposition: form-data; name="document_id"\r\n\r\nx\r\n--b--\r\n')
+    assert "multipart/form-data" not in assert_error(form, 422, "validation_error")["message"]
+    assert client.get("/v1/documents", headers=h).json()["documents"] == []
+
+
 def test_upload_errors_store_nothing(own_client, tmp_path, sample_pdf):
     c = own_client(max_upload_bytes=20_000, max_pages=3)
     h = new_tenant(c)

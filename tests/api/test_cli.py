@@ -107,3 +107,18 @@ def test_serve_says_where_the_web_page_is_and_warns_while_no_api_key_exists(serv
     with caplog.at_level("INFO", logger="evidentia.serve"):
         result, started = serve()
     assert started and [r.levelname for r in caplog.records if r.name == "evidentia.serve"] == ["INFO"]
+
+
+def test_keys_delete_takes_the_whole_key_and_never_echoes_its_secret(cli_env):
+    """The key pasted whole (`evk_<key_id>_<secret>`, as `keys create` prints it) was
+    refused as "unknown key id: evk_…", the secret written back on the terminal."""
+    runner = CliRunner()
+    key = runner.invoke(app, ["keys", "create", "--tenant", "acme"]).stdout.strip()
+    key_id, secret = key.removeprefix("evk_").split("_", 1)
+    deleted = runner.invoke(app, ["keys", "delete", key])
+    assert deleted.exit_code == 0, deleted.output
+    assert deleted.stdout == f"deleted key {key_id}\n" and secret not in deleted.output
+    assert key_id not in runner.invoke(app, ["keys", "list"]).stdout
+    again = runner.invoke(app, ["keys", "delete", key])
+    assert again.exit_code == 1 and again.stderr == f"error: unknown key id: {key_id}\n"
+    assert secret not in again.output

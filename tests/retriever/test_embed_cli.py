@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -111,6 +112,21 @@ def test_embed_adds_vectors_from_the_stored_text(run, plain_index, cli_env):
     assert r.exit_code == 0
     again = TantivyBackend(cli_env / "index")
     assert np.allclose(again.page_vectors("report").vectors, vectors.vectors, atol=2e-3)
+
+
+def test_embed_with_nothing_to_do_says_so_in_one_line(run, tmp_path):
+    """Documents already embedded with the model: one line for them all, naming a few (it
+    was a line each, twelve lines for twelve documents, then `nothing to embed`)."""
+    folder = tmp_path / "reports"
+    folder.mkdir()
+    for n in range(7):
+        write_pdf(folder / f"report-{n}.pdf", [FILLER[n % 3], TARGET])
+    assert run("index", folder).exit_code == 0  # embedded as they are indexed
+    r = run("embed")
+    assert r.exit_code == 0 and r.stdout == "nothing to embed\n"
+    assert len(r.stderr.splitlines()) == 1, r.stderr
+    assert re.fullmatch(r"7 document\(s\) already embedded with \S+ \(report-0, report-1, report-2, report-3, "
+                        r"report-4 and 2 more; --all embeds them again\)\n", r.stderr), r.stderr
 
 
 def test_embed_unknown_document(run, plain_index, tmp_path):
