@@ -85,16 +85,20 @@ def _build_schema() -> tantivy.Schema:
     return sb.build()
 
 
+# tantivy drops tokens of this many UTF-8 bytes or more, in pages and in queries alike
+MAX_TOKEN_BYTES = 60
+
+
 def _register_analyzers(index: tantivy.Index) -> None:
     index.register_tokenizer(
         "ev_neutral",
-        TextAnalyzerBuilder(Tokenizer.regex(TOKEN_PATTERN)).filter(Filter.remove_long(60)).filter(Filter.lowercase()).build(),
+        TextAnalyzerBuilder(Tokenizer.regex(TOKEN_PATTERN)).filter(Filter.remove_long(MAX_TOKEN_BYTES)).filter(Filter.lowercase()).build(),
     )
     for lang, name in LANGUAGES.items():
         index.register_tokenizer(
             f"ev_{lang}",
             TextAnalyzerBuilder(Tokenizer.regex(TOKEN_PATTERN))
-            .filter(Filter.remove_long(60))
+            .filter(Filter.remove_long(MAX_TOKEN_BYTES))
             .filter(Filter.lowercase())
             .filter(Filter.stemmer(name))
             .build(),
@@ -340,6 +344,9 @@ class TantivyBackend(SearchBackend):
         missing = [d for d in doc_ids if d not in known]
         if missing:
             raise UnknownDocumentError(missing)
+        # a word the analyser drops can match no page; and a query of only such words made the
+        # query parser raise ("Only excluding terms given"): a 500 for two 60-digit numbers
+        keywords = [k for k in keywords if len(k.encode("utf-8")) < MAX_TOKEN_BYTES]
         if not keywords or not doc_ids or top_k <= 0:
             return []
         terms = " ".join(keywords)

@@ -94,6 +94,15 @@ def test_keywords_are_or_ed(backend):
     assert sorted(hits(backend.search(["wind", "solar"], ["a"], 10))) == [("a", 1), ("a", 2)]
 
 
+def test_words_too_long_to_be_indexed_match_nothing_and_break_nothing(backend):
+    """Two 60-digit numbers made tantivy's query parser raise (every term dropped by the
+    analyser): a 500 for the validation."""
+    backend.index_document(doc("a", page("a", 1, "wind turbines offshore")))
+    assert backend.search(["1" * 60, "2" * 60], ["a"], 5) == []
+    assert backend.search(["a" * 70], ["a"], 5) == []
+    assert hits(backend.search(["1" * 60, "wind"], ["a"], 5)) == [("a", 1)]
+
+
 def test_unknown_doc_id_raises(backend):
     with pytest.raises(UnknownDocumentError) as err:
         backend.search(["solar"], ["nope"], 5)
