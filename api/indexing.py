@@ -58,13 +58,17 @@ BACKEND_ATTEMPTS = 3
 
 class TenantFairQueue:
     """The uploads waiting for an indexing worker, served so that no tenant waits on
-    another's: the next upload is the oldest of the tenant with the fewest in hand, and
-    where there are other tenants (``shared()``) a tenant holds at most ``workers - 1``
-    workers, so another tenant's upload always finds one free. Why: with one queue, two
-    slow uploads of one tenant (a 350,000-stroke page, a 2,000-page scan) held both
-    workers, and another tenant's three-page report waited 167 s (up to the extraction
-    limit, 300 s). A server of one tenant keeps every worker. ``None`` (stop) is served
-    before any upload."""
+    another's: the next upload is the oldest of the tenant with the fewest in hand and,
+    among those, the one served least recently (round robin), and where there are other
+    tenants (``shared()``) a tenant holds at most ``workers - 1`` workers, so another
+    tenant's upload finds one free, or the next to free up when more tenants are busy
+    than there are workers. Why: with one queue, two slow uploads of one tenant (a
+    350,000-stroke page, a 2,000-page scan) held both workers, and another tenant's
+    three-page report waited 167 s (up to the extraction limit, 300 s); served by the
+    age of their oldest upload, two tenants' backlogs took every freed worker in turn,
+    and a third's report waited for one of them to run out (72 s for three uploads of
+    23 s each, an hour for ten of 300 s). A server of one tenant keeps every worker.
+    ``None`` (stop) is served before any upload."""
 
     def __init__(self, workers: int, shared: "Callable[[], bool]" = lambda: True) -> None:
         self._workers = workers
@@ -73,6 +77,7 @@ class TenantFairQueue:
         self._in_hand: collections.Counter = collections.Counter()
         self._stops = 0
         self._ticket = itertools.count()  # arrival order across tenants
+        self._started: dict[str, int] = {}  # a tenant's last upload taken, by the same count
         self._ready = threading.Condition()
 
     def put(self, item: "tuple[str, str, str] | None") -> None:
@@ -95,11 +100,13 @@ class TenantFairQueue:
         open_tenants = [t for t, q in self._waiting.items() if q and self._in_hand[t] < per_tenant]
         if not open_tenants:
             return False
-        tenant = min(open_tenants, key=lambda t: (self._in_hand[t], self._waiting[t][0][0]))
+        tenant = min(open_tenants, key=lambda t: (self._in_hand[t], self._started.get(t, -1),
+                                                  self._waiting[t][0][0]))
         _, item = self._waiting[tenant].popleft()
         if not self._waiting[tenant]:
             del self._waiting[tenant]
         self._in_hand[tenant] += 1
+        self._started[tenant] = next(self._ticket)
         return item
 
     def get(self) -> "tuple[str, str, str] | None":
@@ -116,6 +123,8 @@ class TenantFairQueue:
             self._in_hand[item[0]] -= 1
             if self._in_hand[item[0]] <= 0:
                 del self._in_hand[item[0]]
+                if item[0] not in self._waiting:  # nothing left of it: no state kept per tenant ever seen
+                    self._started.pop(item[0], None)
             self._ready.notify_all()
 
     def qsize(self) -> int:

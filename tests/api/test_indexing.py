@@ -63,3 +63,21 @@ def test_one_worker_takes_every_upload_in_turn_and_stop_comes_first():
     assert queue.get() is None  # a stop is not kept waiting behind uploads
     queue.task_done(None)
     assert queue.get() == ("acme", "a2", "g")
+
+
+def test_a_third_tenant_is_served_before_two_backlogs_take_every_freed_worker():
+    """Served by the age of their oldest upload, two tenants' backlogs took each worker
+    as it freed up, and a third tenant's report waited for one of them to run out (72 s
+    for three uploads of 23 s each; an hour for ten of 300 s)."""
+    queue = TenantFairQueue(workers=2)
+    for n in range(3):
+        queue.put(("att1", f"a{n}", "g"))
+        queue.put(("att2", f"b{n}", "g"))
+    first, second = queue.get(), queue.get()
+    assert {first[0], second[0]} == {"att1", "att2"}
+    queue.put(("victim", "report", "g"))
+    queue.task_done(first)  # a worker frees up: the victim's, though att1's next is older
+    assert queue.get() == ("victim", "report", "g")
+    queue.task_done(second)
+    nxt = queue.get()
+    assert nxt[0] == first[0]  # then the backlogs in turn, the one served least recently first
