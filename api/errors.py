@@ -200,6 +200,12 @@ def install_handlers(app: FastAPI) -> None:
             message = f"method {request.method} not allowed on {request.url.path}"
         elif exc.status_code == 400 and message == "There was an error parsing the body":
             message = "the request body cannot be parsed (send multipart/form-data or JSON as documented)"
+        elif exc.status_code == 400 and message == "Invalid multipart data.":
+            # the multipart parser's own words: a part's headers over 4 KB (a file name of
+            # thousands of characters) or not headers at all
+            message = ("the multipart/form-data body cannot be read: a part's headers are malformed or longer "
+                       "than 4 KB (a file name of thousands of characters?); send the PDF as the `file` part "
+                       "with a shorter name")
         return error_response(exc.status_code, code, message, getattr(exc, "details", None),
                               getattr(exc, "headers", None))
 

@@ -131,11 +131,19 @@ def _count_pages(services: Services, path: Path) -> int | None:
         return None
 
 
+# a file system's longest name: a 2,000-character name was stored and listed as it came
+MAX_SHOWN_NAME_CHARS = 255
+
+
 def _shown_name(filename: str | None) -> str:
     """The file's name as shown and listed: without the client's folders ("../../r.pdf",
-    "C:\\Users\\r.pdf"), control or bidi characters (the rule of schemas.UNSAFE_TEXT_CHARS)."""
-    name = PurePosixPath((filename or "").replace("\\", "/")).name
-    return UNSAFE_TEXT_CHARS.sub("", name)
+    "C:\\Users\\r.pdf"), control or bidi characters (the rule of schemas.UNSAFE_TEXT_CHARS),
+    cut to MAX_SHOWN_NAME_CHARS with its extension kept."""
+    name = UNSAFE_TEXT_CHARS.sub("", PurePosixPath((filename or "").replace("\\", "/")).name)
+    if len(name) > MAX_SHOWN_NAME_CHARS:
+        suffix = PurePosixPath(name).suffix[:16]
+        name = name[:MAX_SHOWN_NAME_CHARS - len(suffix) - 1] + "…" + suffix
+    return name
 
 
 def _accept_upload(services: Services, caller: Caller, upload: UploadFile, document_id: str | None) -> DocumentRow:

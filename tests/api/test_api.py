@@ -293,6 +293,12 @@ def test_default_document_id_reupload_and_delete(client, sample_pdf, tmp_path):
         accepted = upload(client, h, other, filename=sent).json()
         listed = client.get(f"/v1/documents/{accepted['document_id']}", headers=h).json()
         assert listed["filename"] == sent.replace("\\", "/").rsplit("/", 1)[-1], listed
+    # a name of 2,000 characters was stored and listed whole; one of 5,000 got "Invalid multipart data."
+    accepted = upload(client, h, other, filename="r" * 2000 + ".pdf").json()
+    listed = client.get(f"/v1/documents/{accepted['document_id']}", headers=h).json()
+    assert len(listed["filename"]) == 255 and listed["filename"].endswith("r….pdf")
+    refused = assert_error(upload(client, h, other, filename="r" * 5000 + ".pdf"), 400, "bad_request")
+    assert "a part's headers are malformed or longer than 4 KB" in refused["message"]
 
     row = services.store.get_document(tenant, "Annual-Report-2023")
     r = client.delete("/v1/documents/Annual-Report-2023", headers=h)
