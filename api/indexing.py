@@ -253,7 +253,7 @@ class IndexingWorker:
         # the reason is the document's, shown to its tenant: a search engine's error names the
         # index's folder or the cluster's URL
         reason = without_server_details(reason)
-        with services.doc_lock:
+        with services.doc_lock(tenant, document_id):
             row = services.store.get_document(tenant, document_id)
             if row is None:
                 return
@@ -380,7 +380,7 @@ class IndexingWorker:
         reason = ""
         for attempt in range(BACKEND_ATTEMPTS):
             replaced, written = None, False
-            with services.doc_lock:
+            with services.doc_lock(tenant, document_id):
                 current = store.get_document(tenant, document_id)
                 if current is None or current.version(generation) != which:
                     return

@@ -22,6 +22,7 @@ from evidentia.reranker.cache import RerankerCache
 from evidentia.reranker.llm_runtime import LLMRuntime
 from evidentia.retriever.base import SearchBackend
 from evidentia.retriever.dense import PageEmbedder
+from evidentia.runtime import KeyedLocks
 from evidentia.store import Store, store_path, uploads_dir
 from evidentia.tenants import is_default_tenants, split_internal_id
 
@@ -42,7 +43,9 @@ class Services:
         # shared thread pool that every tenant's requests need (api/tenant_slots.py)
         self.search_slots = TenantSlots(settings.tenant_concurrency)
         self.upload_slots = TenantSlots(settings.tenant_concurrency)
-        self.doc_lock = threading.Lock()  # serialises index writes with deletes
+        # serialises a document's index writes with its deletes and reads: one lock a (tenant,
+        # document), so that one document's long write holds up no other (KeyedLocks)
+        self.document_locks = KeyedLocks()
         self.backend_ready = threading.Event()
         self.store: Store | None = None
         self.worker = IndexingWorker(self)
@@ -69,6 +72,11 @@ class Services:
     @property
     def detector(self):
         return self.engine.detector
+
+    def doc_lock(self, tenant: str, document_id: str):
+        """``with services.doc_lock(tenant, document_id):`` the document's index and store
+        rows change together, or are read together."""
+        return self.document_locks((tenant, document_id))
 
     @property
     def rerankers(self) -> RerankerCache:

@@ -264,7 +264,7 @@ def get_document(document_id: str = DocumentId, caller: Caller = Depends(require
 def delete_document(document_id: str = DocumentId, caller: Caller = Depends(require_tenant),
                     services: Services = Depends(get_services)) -> Response:
     backend = require_backend(services)
-    with services.doc_lock:  # never interleaves with the indexing worker's write
+    with services.doc_lock(caller.tenant, document_id):  # never interleaves with the indexing worker's write
         row = services.store.delete_document(caller.tenant, document_id)
         if row is None:
             raise ApiError(404, "document_not_found", f"no document {document_id!r}; GET /v1/documents lists yours",
@@ -391,7 +391,7 @@ async def page_text(
         row = find_document(services, caller, document_id)
         _page_number(row, page)
         found = backend.get_page(internal_id(caller.tenant, document_id), page)
-        with services.doc_lock:
+        with services.doc_lock(caller.tenant, document_id):
             current = find_document(services, caller, document_id)
             if current.generation == row.generation:
                 return found

@@ -63,7 +63,7 @@ async def post_feedback(body: FeedbackRequest, caller: Caller = Depends(require_
         # under doc_lock, the lock the indexing worker switches a document's pages (index) and
         # generation (store) under, and delete removes both under: the text and the generation
         # read here belong together, which add_feedback's check needs
-        with services.doc_lock:
+        with services.doc_lock(caller.tenant, body.document_id):
             doc = services.store.get_document(caller.tenant, body.document_id)
             if doc is None:
                 return None, None, None

@@ -369,7 +369,8 @@ def test_an_upload_gets_the_clis_id_and_an_id_with_a_newline_is_refused(client, 
 def test_validate_while_indexing_is_409(client, sample_pdf):
     h = new_tenant(client)
     services = services_of(client)
-    with services.doc_lock:  # the worker cannot write to the index meanwhile
+    tenant = services.store.authenticate(h["X-API-Key"]).tenant
+    with services.doc_lock(tenant, "acme-2023"):  # the worker cannot write this document meanwhile
         assert upload(client, h, sample_pdf).status_code == 202
         err = assert_error(validate(client, h, ["acme-2023"]), 409, "document_not_ready")
         assert re.fullmatch(r"document acme-2023 is still (indexing|queued for indexing); poll GET "
