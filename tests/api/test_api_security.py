@@ -163,8 +163,11 @@ def multipart(filename: str, data: bytes, document_id: str | None = None) -> tup
 
 def test_a_file_part_with_an_empty_name_is_the_422_of_a_part_without_one(client, sample_pdf):
     h = new_tenant(client)
-    without_name = assert_error(client.post("/v1/documents", headers=h, data={"document_id": ""}), 422,
-                                "validation_error")
+    boundary = "evidentia-test-boundary"  # a form (multipart) with no file part at all
+    no_file = (f'--{boundary}\r\nContent-Disposition: form-data; name="document_id"\r\n\r\n\r\n'
+               f"--{boundary}--\r\n").encode()
+    without_name = assert_error(client.post("/v1/documents", content=no_file, headers={
+        **h, "content-type": f"multipart/form-data; boundary={boundary}"}), 422, "validation_error")
     for name in ("", "/", "\x00"):
         body, content_type = multipart(name, sample_pdf.read_bytes())
         err = assert_error(client.post("/v1/documents", headers={**h, "content-type": content_type}, content=body),
