@@ -314,7 +314,8 @@ class Settings:
                                      parse=positive_int)
     render_concurrency: int = setting(2, "page images rendered at once, whole server (503 beyond)",
                                       parse=positive_int)
-    render_concurrency_per_tenant: int = setting(1, "page images rendered at once per tenant (429 beyond)",
+    render_concurrency_per_tenant: int = setting(1, "page images rendered at once per tenant (429 beyond); at "
+                                                 "most all of EVIDENTIA_RENDER_CONCURRENCY but one",
                                                  parse=positive_int)
     render_cache_mb: int = setting(256, "rendered page images kept on disk (`<data dir>/page-cache`); 0: none",
                                    parse=non_negative_int)

@@ -116,6 +116,10 @@ class BoundedCall:
         self._process = None
         self._cancelled = False
         self.child_pid: int | None = None
+        # On a timeout, the CPU time the child had used (None where unknown): a child cut
+        # at the limit with little CPU waited for the machine (a loaded server), one that
+        # had its share of it did the work and did not finish it.
+        self.cpu_s: float | None = None
 
     def cancel(self) -> None:
         with self._lock:
@@ -151,6 +155,7 @@ class BoundedCall:
             while message is None:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
+                    self.cpu_s = _cpu_seconds(process.pid)  # read before the kill below
                     if deadline > started + self.timeout_s:
                         raise WorkFailed(f"{self.what} took longer than {deadline - started:.0f} s (no progress for "
                                          f"{self.timeout_s:g} s, or past {PROGRESS_TIMEOUT_FACTOR}x "
@@ -273,6 +278,19 @@ def _kill_group(process) -> None:
         pass
     if process.is_alive():
         process.kill()
+
+
+def _cpu_seconds(pid: int | None) -> float | None:
+    """The CPU time (user + system) process ``pid`` has used, from /proc; None where
+    it cannot be read (not Linux, or the process is gone)."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()  # past the name, which may hold spaces
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _virtual_memory_bytes() -> int | None:

@@ -609,6 +609,37 @@ def test_page_errors(client, sample_pdf):
     assert blank["text"] == "" and blank["char_count"] == 0 and blank["language"] is None
 
 
+def test_a_page_image_cut_at_the_time_limit_is_the_same_422_at_once_after(client, sample_pdf, monkeypatch):
+    """Asked again with a new highlight (or narrower), such a page cost the limit's CPU
+    each time; now the answer is the first one's, without a render."""
+    from evidentia.indexer.worker import BoundedCall, WorkFailed
+
+    h = new_tenant(client)
+    ready_document(client, h, sample_pdf)
+    renders: list[int] = []
+
+    def cut_at_the_limit(call):  # as a page of 10^5 nested fills is, after 20 s of CPU
+        renders.append(call.args[2])
+        call.cpu_s = call.timeout_s
+        raise WorkFailed(f"page rendering took longer than {call.timeout_s:g} s (EVIDENTIA_RENDER_TIMEOUT_S)",
+                         "timeout")
+
+    monkeypatch.setattr(BoundedCall, "run", cut_at_the_limit)
+    first = assert_error(client.get("/v1/documents/acme-2023/pages/2.png?width=2000&highlight=w0x", headers=h),
+                         422, "page_not_renderable")
+    for query in ("width=2000&highlight=w1x", "width=2000", "width=2000&highlight=w2x"):
+        assert assert_error(client.get(f"/v1/documents/acme-2023/pages/2.png?{query}", headers=h), 422,
+                            "page_not_renderable") == first
+    assert renders == [2000]
+    # a narrower image may render in time: tried once, then the page is refused at any width
+    for query in ("width=1999&highlight=w3x", "width=50&highlight=w4x", "width=400"):
+        assert assert_error(client.get(f"/v1/documents/acme-2023/pages/2.png?{query}", headers=h), 422,
+                            "page_not_renderable") == first
+    assert renders == [2000, 1999]
+    assert_error(client.get("/v1/documents/acme-2023/pages/3.png?width=2000", headers=h), 422)  # its own render
+    assert renders == [2000, 1999, 2000]
+
+
 def test_page_numbers_are_plain_decimal_digits(client, sample_pdf):
     """int() read "1_0" as page 10 and " 1" or "+1" as page 1: one page under many URLs."""
     h = new_tenant(client)
