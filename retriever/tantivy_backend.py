@@ -198,12 +198,14 @@ class TantivyBackend(SearchBackend):
         self._index.reload()
 
     def _add(self, writer: tantivy.IndexWriter, document: Document, vector_meta: dict | None = None) -> None:
-        docs = [self._page_doc(p) for p in document.pages]
         meta = document_meta(document, vector_meta)
         writer.delete_documents_by_term("doc_id", document.doc_id)
         writer.add_document(tantivy.Document(kind="doc", doc_id=document.doc_id, meta=json.dumps(meta).encode()))
-        for doc in docs:
-            writer.add_document(doc)
+        # one page's fields at a time: building them all first held every page's text twice
+        # more (77 MB for 2,000 pages of 9,800 characters); a page that fails still rolls
+        # back the whole commit (index_documents)
+        for page in document.pages:
+            writer.add_document(self._page_doc(page))
 
     # -- vector files ----------------------------------------------------------
     @property

@@ -160,6 +160,72 @@ def test_a_huge_page_is_tokenized_only_as_far_as_its_windows_reach(embedder, mon
     assert len(whole.windows(long_tokens)) == 3
 
 
+def _mixed_pages(count: int) -> list[Page]:
+    """Pages of one to a dozen windows' worth of text, some empty, some a single word."""
+    out = []
+    for n in range(1, count + 1):
+        if n % 11 == 0:
+            out.append(empty("d", n))
+        else:
+            out.append(page("d", n, " ".join(f"scope{n} emissions{i * n % 97} tonnes" for i in range(n % 9 * 12 + 1))))
+    return out
+
+
+def test_a_long_document_is_tokenized_a_few_pages_at_a_time(embedder, monkeypatch):
+    """Every page of a document was tokenized before the first batch ran: a 2,000-page
+    upload of 9,800 characters a page held 5 million tokens (1.8 GB) at once. The tokenizer
+    now sees ``batch_size`` pages at a time, and the first chunk is encoded before the
+    last pages are read."""
+    small = embedder.with_windows(batch_size=4, max_tokens=24, window_overlap=4, max_windows=3)
+    pages = _mixed_pages(60)
+    calls: list[tuple[str, int]] = []
+    tokenize, encode = type(embedder)._tokenize, type(embedder)._encode_windows
+
+    def spy_tokenize(self, texts):
+        calls.append(("tokenize", len(texts)))
+        return tokenize(self, texts)
+
+    def spy_encode(self, windows):
+        calls.append(("encode", len(windows)))
+        return encode(self, windows)
+
+    monkeypatch.setattr(type(embedder), "_tokenize", spy_tokenize)
+    monkeypatch.setattr(type(embedder), "_encode_windows", spy_encode)
+    vectors = small.embed_pages(pages)
+    sizes = [n for kind, n in calls if kind == "tokenize"]
+    assert sum(sizes) == len(pages) and max(sizes) == small.batch_size
+    first_encode = next(i for i, (kind, _) in enumerate(calls) if kind == "encode")
+    assert first_encode < max(i for i, (kind, _) in enumerate(calls) if kind == "tokenize")
+    assert len(vectors.pages) == small.stats.windows > len(pages)
+
+
+def test_streamed_windows_give_the_vectors_of_the_whole_document_bit_for_bit(embedder):
+    """The classifier and the stored vectors depend on the windows and on the batches
+    (int8 activations are quantized per batch): cutting the windows as the chunks take
+    them must give what cutting the whole document first gave, to the last bit."""
+    small = embedder.with_windows(batch_size=4, max_tokens=24, window_overlap=4, max_windows=3)
+    pages = _mixed_pages(60)
+    # the former way: every page's windows first, then chunks of about 4 * batch_size windows
+    windows = small._page_windows(pages)
+    expected_rows, expected = [], []
+    lo = 0
+    while lo < len(pages):
+        hi, count = lo, 0
+        while hi < len(pages) and (count < small.batch_size * 4 or hi == lo):
+            count += len(windows[hi])
+            hi += 1
+        batch = [w for ws in windows[lo:hi] for w in ws]
+        if batch:
+            expected.append(small._encode_windows(batch))
+            expected_rows.extend(w.page for w in batch)
+        lo = hi
+    vectors = small.embed_pages(pages)
+    assert list(vectors.pages) == expected_rows
+    assert vectors.vectors.tobytes() == np.concatenate(expected).tobytes()
+    # and the windows the classifier cuts (PageEmbedder.windows) are those of the embedding
+    assert [w.text for w in windows[2]] == small.windows(pages[2].text) and len(windows[2]) == 3
+
+
 def test_progress_reports_every_page_once(embedder):
     small = embedder.with_windows(batch_size=1, max_tokens=16, window_overlap=0, max_windows=4)
     pages = (page("d", 1, " ".join(["alpha"] * 40)), empty("d", 2), page("d", 3, "beta gamma"),
