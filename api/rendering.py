@@ -53,6 +53,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Callable
 
 log = logging.getLogger("evidentia.api")
 
@@ -119,8 +120,11 @@ def render_png(path: str, page: int, width: int, terms: list[str] | None, max_pi
 
 
 class PageRenderer:
-    def __init__(self, settings) -> None:
+    def __init__(self, settings, shared: "Callable[[], bool]" = lambda: True) -> None:
+        """``shared()``: whether the server has other tenants (the slot rules that keep a
+        slot for them apply then; a server of one tenant keeps every slot)."""
         self.settings = settings
+        self._shared = shared
         self.cache_dir = Path(settings.data_dir) / "page-cache"
         self._lock = threading.Lock()
         self._running: dict[str, int] = {}
@@ -137,20 +141,29 @@ class PageRenderer:
         cap, 503: the server's) at once."""
         settings = self.settings
         slots = settings.render_concurrency
+        try:
+            shared = self._shared()
+        except Exception:  # the store unreadable (shutting down): the safe side
+            shared = True
         # one tenant never holds every slot of a server that has several (whatever
         # EVIDENTIA_RENDER_CONCURRENCY_PER_TENANT says): another tenant's image finds one
-        per_tenant = min(settings.render_concurrency_per_tenant, max(1, slots - 1))
+        per_tenant = settings.render_concurrency_per_tenant
+        if shared and per_tenant > max(1, slots - 1):
+            per_tenant = max(1, slots - 1)
+            which = (f"EVIDENTIA_RENDER_CONCURRENCY_PER_TENANT, within EVIDENTIA_RENDER_CONCURRENCY's {slots} "
+                     "less one kept for the other tenants")
+        else:
+            which = "EVIDENTIA_RENDER_CONCURRENCY_PER_TENANT"
         with self._lock:
             mine = self._running.get(tenant, 0)
             running = sum(self._running.values())
             if mine >= per_tenant:
                 raise RenderRefused(429, "too_many_renders", f"at most {per_tenant} "
-                                    f"page image(s) render at once per tenant "
-                                    f"(EVIDENTIA_RENDER_CONCURRENCY_PER_TENANT); retry in a second", 1)
+                                    f"page image(s) render at once per tenant ({which}); retry in a second", 1)
             if running >= slots:
                 raise RenderRefused(503, "render_busy", f"the server is rendering {slots} "
                                     f"page images already (EVIDENTIA_RENDER_CONCURRENCY); retry in a second", 1)
-            if slots > 1 and running == slots - 1 and self._timed_out_lately(tenant):
+            if shared and slots > 1 and running == slots - 1 and self._timed_out_lately(tenant):
                 # a tenant whose pages run past the limit may well hold its slot for the whole
                 # limit again: the last free slot is kept for the others' images
                 raise RenderRefused(429, "too_many_renders", "page images of this tenant ran past "

@@ -49,7 +49,8 @@ class Services:
         self.backend_ready = threading.Event()
         self.store: Store | None = None
         self.worker = IndexingWorker(self)
-        self.renderer = PageRenderer(settings)  # page images: bounded child processes, disk cache
+        # page images: bounded child processes, disk cache; slots kept for the other tenants where there are any
+        self.renderer = PageRenderer(settings, shared=lambda: len(self.store.tenants()) > 1)
         self.checks: dict[str, str] = {"store": "not open", "index": "not open",
                                        f"reranker:{settings.default_reranker}": "not loaded"}
         # EVIDENTIA_DENSE=on: uploads get page embeddings, and the dense and hybrid

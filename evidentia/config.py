@@ -264,8 +264,9 @@ class Settings:
     # The gate keeps production only on evidence of a drop; with two held-out queries there
     # is none either way, and a candidate trained on one tenant's few verdicts replaced the
     # model every tenant uses (docs/BENCHMARKS.md 8ap).
-    retrain_min_heldout_queries: int = setting(10, "held-out feedback queries needed before `evidentia retrain` "
-                                               "promotes a candidate (fewer: registered, not promoted)",
+    retrain_min_heldout_queries: int = setting(10, "held-out feedback queries with a page judged relevant in "
+                                               "their pool needed before `evidentia retrain` promotes a candidate "
+                                               "(fewer: registered, not promoted)",
                                                parse=non_negative_int)
     # -- validation API (`evidentia serve`)
     admin_key: str | None = setting(None, "enables the admin endpoints (keys over HTTP)")

@@ -116,6 +116,9 @@ class SearchResult:
     info: dict = field(default_factory=dict)
     timings_ms: dict[str, float] = field(default_factory=dict)
     without_vectors: tuple[str, ...] = ()  # set when the default hybrid stage fell back to bm25 for these
+    # False where the hybrid stage left BM25 out (EVIDENTIA_HYBRID_WEIGHTS=0,1): no page was
+    # looked for by its words, so none can be said to lack them
+    words_searched: bool = True
 
     def with_rerank(self, reranker: Reranker, outcome: RerankResult, rerank_ms: float) -> "SearchResult":
         """This first-stage result with ``reranker``'s outcome on its pool: how every
@@ -135,7 +138,7 @@ class SearchResult:
         """Said when the hybrid pool holds no page with any of the query's words (BM25
         found none there): "capex" brought back an exhibit list at the same kind of
         score as evidence, and nothing said why. None otherwise."""
-        if self.stage != "hybrid" or not self.query.keywords or not self.candidates:
+        if self.stage != "hybrid" or not self.words_searched or not self.query.keywords or not self.candidates:
             return None
         if any("bm25" in c.found_by or not c.found_by for c in self.candidates):
             return None
@@ -438,7 +441,8 @@ class Engine:
         timings.update({"load": (loaded - t0) * 1000, "retrieve": (t2 - t1) * 1000,
                         "queue": (waited_search + waited) * 1000, "total": (t3 - t0) * 1000})
         first = SearchResult(query=query, candidates=candidates, pages=[], config=config, reranker="none",
-                             timings_ms=timings, without_vectors=without)
+                             timings_ms=timings, without_vectors=without,
+                             words_searched=config.stage != "hybrid" or self.settings.hybrid_weights[0] > 0)
         return first, (t4 - t3) * 1000, outcome
 
     def search(self, question: str, answer: str, doc_ids: Sequence[str], config: RunConfig,

@@ -146,7 +146,11 @@ def dataset_command(
         # The reports fixed as held out are those evaluation reports on: every record of
         # theirs made it into training (750 of 1854 of climretrieve-train). Dropped after
         # the draw, so the other reports' negatives are the ones drawn before.
-        held_reports = held_out_reports(load_split())
+        try:
+            held_reports = held_out_reports(load_split())
+        except (OSError, ValueError, KeyError) as exc:  # an install without its package data
+            raise fail(f"--climretrieve: the held-out split ({SPLIT_FILE.name}) cannot be read, so the reports "
+                       f"kept for evaluation cannot be left out: {exc}", EXIT_BAD_INPUT)
         kept = [r for r in passages if r.doc_id not in held_reports]
         if len(kept) < len(passages):
             typer.echo(f"left out {len(passages) - len(kept)} ClimRetrieve records of "

@@ -181,8 +181,9 @@ class ModelScore:
     # reported with the decision, not gated on: P@1 of few held-out queries moves by a whole
     # query at a time, and the gate's rule was measured on P@3 (docs/BENCHMARKS.md 6b)
     p_at_1: float | None = None
-    # of ``queries``, those with a page judged relevant: on the others (every verdict "not
-    # relevant") P@3 is 0 for any model, so they cannot show a drop; None: all of them
+    # of ``queries``, those with a page judged relevant in their pool: on the others (every
+    # verdict "not relevant", or the relevant pages outside the pool) P@3 is 0 for any model,
+    # so they cannot show a drop; None: all of them
     with_relevant: int | None = None
 
     def as_dict(self) -> dict:
@@ -206,10 +207,14 @@ def evaluate_model(reranker, queries: Sequence[EvalQuery], engine: "Engine", poo
     with ``threshold``, also the share of that R@3 it keeps and of the pages it returns."""
     p1, p3, r3, probs, labels = [], [], [], [], []
     r3_at_t, returned, pooled = [], 0, 0
+    judging = 0  # queries with a page judged relevant in their pool: the only ones that can show a drop
     for q in queries:
         query = engine.query(q.question, q.answer)
         pages = reranker.rerank(query, first_stage_pool(engine, query, q.doc_ids, stage, pool_size)).pages
         ranking = [(p.doc_id, p.page) for p in pages]
+        # a verdict may be on a page the search never returned (the evidence an analyst found by
+        # reading further): outside the pool, it leaves P@3 at 0 for any model
+        judging += any(page in q.relevant for page in ranking)
         p1.append(precision_at_k(ranking, q.relevant, 1))
         p3.append(precision_at_k(ranking, q.relevant, 3))
         r = recall_at_k(ranking, q.relevant, 3)
@@ -229,8 +234,7 @@ def evaluate_model(reranker, queries: Sequence[EvalQuery], engine: "Engine", poo
     kept_share = round(sum(r3_at_t) / sum(r3), 4) if threshold is not None and sum(r3) else None
     return ModelScore(mean(p3), mean(r3), round(ece, 4) if ece is not None else None, len(queries), tuple(p3),
                       tuple(sorted(q.doc_ids)[0] if q.doc_ids else q.id for q in queries), threshold, kept_share,
-                      round(returned / pooled, 4) if pooled else None, mean(p1),
-                      sum(1 for q in queries if q.relevant))
+                      round(returned / pooled, 4) if pooled else None, mean(p1), judging)
 
 
 @dataclass

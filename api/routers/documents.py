@@ -135,11 +135,18 @@ def _count_pages(services: Services, path: Path) -> int | None:
 MAX_SHOWN_NAME_CHARS = 255
 
 
-def _shown_name(filename: str | None) -> str:
-    """The file's name as shown and listed: without the client's folders ("../../r.pdf",
-    "C:\\Users\\r.pdf"), control or bidi characters (the rule of schemas.UNSAFE_TEXT_CHARS),
-    cut to MAX_SHOWN_NAME_CHARS with its extension kept."""
-    name = UNSAFE_TEXT_CHARS.sub("", PurePosixPath((filename or "").replace("\\", "/")).name)
+def _file_name(filename: str | None) -> str:
+    """The file's name without the client's folders ("../../r.pdf", "C:\\Users\\r.pdf"),
+    control or bidi characters (the rule of schemas.UNSAFE_TEXT_CHARS): what its document id
+    is made from, as `evidentia index` makes it from the file's name."""
+    return UNSAFE_TEXT_CHARS.sub("", PurePosixPath((filename or "").replace("\\", "/")).name)
+
+
+def _shown_name(name: str) -> str:
+    """A file's name as stored and listed: cut to MAX_SHOWN_NAME_CHARS, its extension kept.
+    Only the shown name is cut: the id comes from the whole name, whose hash tells two
+    long names apart (cut first, two 300-character names shared an id, and the second
+    upload replaced the first)."""
     if len(name) > MAX_SHOWN_NAME_CHARS:
         suffix = PurePosixPath(name).suffix[:16]
         name = name[:MAX_SHOWN_NAME_CHARS - len(suffix) - 1] + "…" + suffix
@@ -148,14 +155,15 @@ def _shown_name(filename: str | None) -> str:
 
 def _accept_upload(services: Services, caller: Caller, upload: UploadFile, document_id: str | None) -> DocumentRow:
     settings = services.settings
-    filename = _shown_name(upload.filename)
+    name = _file_name(upload.filename)
+    filename = _shown_name(name)
     if document_id is not None and document_id != "":
         if not DOCUMENT_ID_RE.match(document_id):
             raise ApiError(422, "validation_error", f"document_id {document_id!r}: use 1-128 ASCII letters, "
                            f"digits, '.', '_' or '-', starting with a letter or digit",
                            [{"loc": ["body", "document_id"], "message": "invalid document id", "type": "value_error"}])
     else:
-        document_id = document_id_for(filename)
+        document_id = document_id_for(name)
     tenant_dir = services.uploads / caller.tenant
     tenant_dir.mkdir(parents=True, exist_ok=True)
     generation = uuid.uuid4().hex
@@ -234,7 +242,7 @@ async def upload_document(
     if len(form.getlist("document_id")) > 1:  # the last one silently won
         raise ApiError(422, "validation_error", "one document_id per upload: the form has several",
                        [{"loc": ["body", "document_id"], "message": "more than one value", "type": "value_error"}])
-    if not document_id and not _shown_name(file.filename):
+    if not document_id and not _file_name(file.filename):
         # `filename=""` (or only folders): its id would be the hash of "", one for every such
         # upload, each replacing the last; the same answer as a part without a file name
         raise ApiError(422, "validation_error", f"body.file: {NO_FILE_MESSAGE}",

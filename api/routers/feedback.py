@@ -1,4 +1,5 @@
-"""Analysts' judgements on returned pages, and their export as training records."""
+"""Analysts' judgements on the pages of validated documents (those a validation returned,
+or any other page of a document it searched), and their export as training records."""
 
 from __future__ import annotations
 
@@ -74,7 +75,9 @@ async def post_feedback(body: FeedbackRequest, caller: Caller = Depends(require_
     except BackendError as exc:
         raise backend_unavailable(exc) from None
     searched = (validation.generations or {}).get(body.document_id)
-    if page is None and doc is not None and body.page > doc.pages and searched in (None, doc.generation):
+    # the version searched, ready: a re-upload queued, indexing or failed has no page count yet
+    if (page is None and doc is not None and searched in (None, doc.generation) and doc.status == "ready"
+            and doc.pages is not None and body.page > doc.pages):
         raise ApiError(422, "page_out_of_range", f"document {body.document_id} has {doc.pages} page(s), not "
                        f"{body.page}", {"document_id": body.document_id, "pages": doc.pages})
     if page is None:

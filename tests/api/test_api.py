@@ -297,6 +297,11 @@ def test_default_document_id_reupload_and_delete(client, sample_pdf, tmp_path):
     accepted = upload(client, h, other, filename="r" * 2000 + ".pdf").json()
     listed = client.get(f"/v1/documents/{accepted['document_id']}", headers=h).json()
     assert len(listed["filename"]) == 255 and listed["filename"].endswith("r….pdf")
+    # the id is the whole name's, as `evidentia index` makes it: two long names never share one
+    from evidentia.store import document_id_for
+
+    twin = upload(client, h, other, filename="r" * 2000 + "-two.pdf").json()
+    assert accepted["document_id"] == document_id_for("r" * 2000 + ".pdf") != twin["document_id"]
     refused = assert_error(upload(client, h, other, filename="r" * 5000 + ".pdf"), 400, "bad_request")
     assert "a part's headers are malformed or longer than 4 KB" in refused["message"]
 
@@ -721,7 +726,7 @@ def test_a_page_image_of_a_document_deleted_meanwhile_is_404_not_retry(own_clien
     assert_error(c.get("/v1/documents/acme-2023/pages/1.png", headers=h), 404, "document_not_found")
 
 
-def test_feedback_errors(client, sample_pdf):
+def test_feedback_errors(client, sample_pdf, bad_pdfs):
     h = new_tenant(client)
     ready_document(client, h, sample_pdf)
     body = validate(client, h, ["acme-2023"], top_k=2).json()
@@ -758,6 +763,10 @@ def test_feedback_errors(client, sample_pdf):
     assert client.delete("/v1/documents/acme-2023", headers=h).status_code == 204
     assert_error(client.post("/v1/feedback", headers=h, json={**fb, "page": 2}), 409, "document_gone")
     assert client.get("/v1/feedback/export", headers=h).text == ""  # a deleted document's verdicts go with it
+    # uploaded again under the id, a file that fails: no page count, and no 500 for comparing with it
+    assert upload(client, h, bad_pdfs["corrupted"], document_id="acme-2023").status_code == 202
+    assert wait_indexed(client, h, "acme-2023")["status"] == "failed"
+    assert_error(client.post("/v1/feedback", headers=h, json={**fb, "page": 3}), 409, "document_gone")
 
 
 def test_rate_limit(own_client):

@@ -218,6 +218,12 @@ def test_one_tenant_never_holds_every_render_slot(tmp_path, slots):
     single = PageRenderer(Settings(data_dir=tmp_path / "data", render_concurrency=1))
     with single.slot("a"):
         pass
+    # a server of one tenant keeps every slot for it
+    alone = PageRenderer(Settings(data_dir=tmp_path / "data", render_concurrency=slots,
+                                  render_concurrency_per_tenant=slots), shared=lambda: False)
+    with contextlib.ExitStack() as held:
+        for _ in range(slots):
+            held.enter_context(alone.slot("a"))
 
 
 @pytest.mark.parametrize("render", [_spins, _waits], ids=["cut working", "cut waiting"])

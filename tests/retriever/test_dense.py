@@ -349,6 +349,9 @@ def test_a_hybrid_pool_without_any_of_the_words_says_its_pages_were_found_by_mea
     # asked for, the dense stage is by meaning: nothing to say; nor without a searchable word
     assert engine.search("xyzzyqux?", "", ["report"], RunConfig(stage="dense", pool_size=4)).meaning_only_note is None
     assert engine.search("???", "", ["report"], config).meaning_only_note is None
+    # BM25 left out of hybrid (weights 0,1): no page was looked for by its words
+    no_bm25 = Engine(Settings(hybrid_weights=(0.0, 1.0)), backend=backend, embedder=embedder)
+    assert no_bm25.search("xyzzyqux?", "", ["report"], config).meaning_only_note is None
 
 
 def test_hybrid_weights_and_depth(backend, embedder, embedded_report, detector):

@@ -71,10 +71,13 @@ def test_evaluate_model_counts_the_queries_with_a_relevant_page(monkeypatch):
     from evidentia.records import RankedPage
     from evidentia.training import retrain
 
-    queries = [EvalQuery("a", ("d",), "q1", "", frozenset({("d", 1)})), EvalQuery("b", ("d",), "q2", "", frozenset())]
+    # a relevant page in the pool; none; one only outside it (a verdict on a page the search never
+    # returned): P@3 0 for any model, so it cannot show a drop either
+    queries = [EvalQuery("a", ("d",), "q1", "", frozenset({("d", 1)})), EvalQuery("b", ("d",), "q2", "", frozenset()),
+               EvalQuery("c", ("d",), "q3", "", frozenset({("d", 40)}))]
     engine = SimpleNamespace(query=lambda question, answer: question)
     pages = [RankedPage(doc_id="d", page=1, score=1.0, probability=0.9)]
     reranker = SimpleNamespace(rerank=lambda query, pool: SimpleNamespace(pages=pages))
     monkeypatch.setattr(retrain, "first_stage_pool", lambda *a, **k: [])
     score = retrain.evaluate_model(reranker, queries, engine)
-    assert (score.queries, score.with_relevant) == (2, 1)
+    assert (score.queries, score.with_relevant) == (3, 1)
