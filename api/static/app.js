@@ -27,6 +27,9 @@ const state = {
   objectUrls: new Set(),  // thumbnails to revoke
   options: null,          // GET /v1/validate/options: what the server can run, its defaults
   viewerVerdict: null,    // the verdict of the page in the larger view (its buttons are one of its views)
+  viewerPage: null,       // {document_id, page} open in the larger view
+  verdicts: new Map(),    // "document_id page" -> the verdict of that page, for the last validation
+  searched: new Set(),    // the document ids the last validation searched
 };
 
 // -- API ----------------------------------------------------------------------
@@ -339,6 +342,8 @@ async function uploadFiles() {
 // The results of an earlier question, gone: under a new question's error they would read as its answer.
 function clearResults() {
   state.validation = null;
+  state.verdicts.clear();
+  state.searched = new Set();
   revokeThumbnails();
   $("result-list").replaceChildren();
   $("results").hidden = true;
@@ -387,6 +392,8 @@ async function validate(event) {
   try {
     const result = await api("/v1/validate", { method: "POST", json: body });
     state.validation = result;
+    state.verdicts.clear();
+    state.searched = new Set(body.document_ids);
     state.terms = keywords(`${body.question} ${body.answer}`);
     renderResults(result);
   } catch (err) {
@@ -506,7 +513,7 @@ function resultItem(page, rank, result) {
   placeholder.className = "thumb-status muted";
   placeholder.textContent = "rendering…";
   thumb.append(img, placeholder);
-  const judged = newVerdict(page);
+  const judged = pageVerdict(page);
   thumb.addEventListener("click", () => openViewer(page, judged));
 
   const body = document.createElement("div");
@@ -546,6 +553,15 @@ function resultItem(page, rank, result) {
 function newVerdict(page) {
   return { page, views: [], chosen: null, busy: false, status: "", statusClass: "verdict-status",
            earlier: earlierText(page.earlier_verdicts || []) };
+}
+
+// The verdict of a page for the last validation: its card's for a page it returned, one of
+// its own for any other page of a document it searched (opened with the larger view's
+// previous / next page: the evidence an analyst finds by reading further is worth a verdict).
+function pageVerdict(page) {
+  const key = `${page.document_id} ${page.page}`;
+  if (!state.verdicts.has(key)) state.verdicts.set(key, newVerdict(page));
+  return state.verdicts.get(key);
 }
 
 function earlierText(verdicts) {
@@ -705,6 +721,10 @@ async function openViewer(page, judged) {
     state.viewerVerdict = judged;
     $("viewer-verdict").append(verdictView(judged));
   }
+  state.viewerPage = { document_id: page.document_id, page: page.page };
+  const doc = state.documents.find((d) => d.document_id === page.document_id);
+  $("viewer-prev").disabled = page.page <= 1;
+  $("viewer-next").disabled = !(doc && doc.pages > page.page);
   $("viewer-title").textContent = `${page.document_id} · page ${page.page}`;
   const img = $("viewer-img");
   img.removeAttribute("src");
@@ -741,8 +761,19 @@ async function openViewer(page, judged) {
   }
 }
 
+// The previous or next page of the document open in the larger view, with a verdict of its
+// own while a validation searched that document.
+function stepViewer(delta) {
+  const open = state.viewerPage;
+  if (!open) return;
+  const page = { document_id: open.document_id, page: open.page + delta, earlier_verdicts: [] };
+  if (page.page < 1) return;
+  openViewer(page, state.validation && state.searched.has(page.document_id) ? pageVerdict(page) : null);
+}
+
 function closeViewer() {
   viewerToken++;
+  state.viewerPage = null;
   detachViewerVerdict();
   const dialog = $("viewer");
   if (dialog.open) dialog.close();
@@ -757,6 +788,8 @@ function init() {
   $("validate-form").addEventListener("submit", validate);
   $("reranker").addEventListener("change", syncThreshold);
   $("viewer-close").addEventListener("click", closeViewer);
+  $("viewer-prev").addEventListener("click", () => stepViewer(-1));
+  $("viewer-next").addEventListener("click", () => stepViewer(1));
   $("viewer").addEventListener("click", (e) => { if (e.target === $("viewer")) closeViewer(); });
   $("viewer").addEventListener("close", () => { viewerToken++; detachViewerVerdict(); });
 

@@ -304,6 +304,27 @@ def test_analyst_session_upload_validate_feedback(browser, server, tmp_path):
     others = driver.find_elements("css selector", "#result-list li.result + li.result .verdict-earlier")
     assert others and all(not e.is_displayed() for e in others)
 
+    # the larger view reads on through the document, and a verdict can be given on any page of
+    # it (the evidence an analyst finds by reading further was out of reach)
+    again.find_element("css selector", ".thumb").click()
+    wait(driver, visible("#viewer"), "the larger view did not open")
+    assert by_css(driver, "#viewer-prev").is_enabled() and by_css(driver, "#viewer-next").is_enabled()
+    by_css(driver, "#viewer-next").click()
+    wait(driver, lambda d: by_css(d, "#viewer-title").text.startswith("acme-2023 · page 3"), "no next page")
+    wait(driver, lambda d: d.execute_script(
+        "const i = document.getElementById('viewer-img'); return i.complete && i.naturalWidth >= 1000"),
+        "no image of the next page")
+    by_css(driver, "#viewer-verdict .verdict-no").click()
+    wait(driver, lambda d: "Recorded: not relevant" in by_css(d, "#viewer-verdict .verdict-status").text,
+         "the next page's verdict not recorded")
+    by_css(driver, "#viewer-prev").click()
+    wait(driver, lambda d: by_css(d, "#viewer-title").text.startswith("acme-2023 · page 2"), "no previous page")
+    assert "Recorded" not in by_css(driver, "#viewer-verdict").text  # page 2's own verdict, none yet here
+    by_css(driver, "#viewer-close").click()
+    records = [json.loads(line) for line in httpx.get(
+        server.url + "/v1/feedback/export", headers={"X-API-Key": server.key}).text.splitlines()]
+    assert (records[-1]["page"], records[-1]["relevance"]) == (3, 0), records[-1]
+
     # a question asked without an answer is searched too (the API and the CLI take it)
     fill(driver, "#answer", "")
     by_css(driver, "#validate-button").click()
