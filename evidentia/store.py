@@ -54,6 +54,10 @@ ADDED_VALIDATION_COLUMNS = {"generations": "TEXT"}
 # grew the store by 273 MB. A page of one search reviewed by more than this many people is a flood,
 # not review. A constant: Settings has no per-request storage limits to sit beside.
 MAX_VERDICTS_PER_PAGE = 20
+# Pages of a validation's documents that it did not return, judged in it at most: an
+# analyst reading on finds a few; a verdict stores its page's text (up to 100,000
+# characters), and every page of 20 documents of 2,000 pages was within reach.
+MAX_PAGES_BEYOND_RESULTS = 100
 
 # \Z, not $: "$" also matches before a final newline, and "evil\n" passed as an id (an
 # HTTP Location header cannot hold it; the upload was stored and never answered)
@@ -196,7 +200,7 @@ class StoreError(RuntimeError):
 
 class FeedbackRefused(Exception):
     """A verdict the store will not keep: ``code`` says why (document_gone,
-    document_changed, too_many_verdicts, validation_not_found)."""
+    document_changed, too_many_verdicts, too_many_pages, validation_not_found)."""
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
@@ -663,13 +667,14 @@ class Store:
         delete removes its feedback in one transaction: a verdict inserted after it would
         outlive it), document_changed when it is no longer the upload the validation
         searched, or the text was read from another one, too_many_verdicts past
-        MAX_VERDICTS_PER_PAGE analysts on the page."""
+        MAX_VERDICTS_PER_PAGE analysts on the page, too_many_pages past
+        MAX_PAGES_BEYOND_RESULTS pages the validation did not return."""
         with self._tx() as c:
             doc = c.execute("SELECT generation, updated FROM documents WHERE tenant = ? AND document_id = ?",
                             (tenant, document_id)).fetchone()
             if doc is None:
                 raise FeedbackRefused("document_gone", f"document {document_id} was deleted since the validation")
-            v = c.execute("SELECT generations, created FROM validations WHERE tenant = ? AND validation_id = ?",
+            v = c.execute("SELECT generations, created, pages FROM validations WHERE tenant = ? AND validation_id = ?",
                           (tenant, validation_id)).fetchone()
             if v is None:
                 raise FeedbackRefused("validation_not_found", f"no validation {validation_id!r}")
@@ -695,6 +700,14 @@ class Store:
                     raise FeedbackRefused("too_many_verdicts", f"page {page} of {document_id} already has verdicts "
                                           f"from {count} analysts in validation {validation_id}, the most kept; "
                                           f"an analyst who gave one may still change it")
+                returned = {(r["document_id"], r["page"]) for r in json.loads(v["pages"])}
+                if count == 0 and (document_id, page) not in returned:
+                    judged = {(r["document_id"], r["page"]) for r in c.execute(
+                        "SELECT DISTINCT document_id, page FROM feedback WHERE validation_id = ?", (validation_id,))}
+                    if len(judged - returned) >= MAX_PAGES_BEYOND_RESULTS:
+                        raise FeedbackRefused("too_many_pages", f"validation {validation_id} already has verdicts on "
+                                              f"{MAX_PAGES_BEYOND_RESULTS} pages it did not return, the most kept; "
+                                              "validate again with the question's words for those pages")
             # the time is taken under the lock: verdicts' times follow their order (ids)
             ts = now()
             cur = c.execute(

@@ -92,6 +92,24 @@ def test_verdicts_per_page_are_bounded(store):
     assert len(list(store.iter_feedback("acme"))) == MAX_VERDICTS_PER_PAGE
 
 
+def test_pages_judged_beyond_the_results_are_bounded(store):
+    """A verdict may be on any page of a searched document, and keeps its text: every page of
+    20 documents of 2,000 pages was within reach of one validation."""
+    from evidentia.store import MAX_PAGES_BEYOND_RESULTS
+
+    _ready(store)
+    _validation(store)  # it returned page 1
+    for page in range(2, 2 + MAX_PAGES_BEYOND_RESULTS):
+        store.add_feedback("acme", "val_1", "d", page, True, "ann", "text", "g1")
+    with pytest.raises(FeedbackRefused) as info:
+        store.add_feedback("acme", "val_1", "d", 2 + MAX_PAGES_BEYOND_RESULTS, True, "ann", "text", "g1")
+    assert info.value.code == "too_many_pages"
+    # a page it returned, another analyst on a page judged already, a verdict changed: still taken
+    store.add_feedback("acme", "val_1", "d", 1, True, "ann", "text", "g1")
+    store.add_feedback("acme", "val_1", "d", 2, False, "bob", "text", "g1")
+    store.add_feedback("acme", "val_1", "d", 3, False, "ann", "text", "g1")
+
+
 def _as_version_3(path) -> None:
     """The store as written before validations recorded generations."""
     with sqlite3.connect(path) as conn:

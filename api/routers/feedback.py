@@ -13,7 +13,7 @@ from evidentia.tenants import internal_id
 from evidentia.api.schemas import ErrorResponse, FeedbackOut, FeedbackRequest
 from evidentia.api.services import Services
 from evidentia.retriever.base import BackendError
-from evidentia.store import MAX_VERDICTS_PER_PAGE, FeedbackRefused
+from evidentia.store import MAX_PAGES_BEYOND_RESULTS, MAX_VERDICTS_PER_PAGE, FeedbackRefused
 from evidentia.training.dataset import TrainingRecord
 
 router = APIRouter(prefix="/v1/feedback", tags=["feedback"])
@@ -46,7 +46,8 @@ def _check(services: Services, caller: Caller, body: FeedbackRequest):
         409: {"model": ErrorResponse, "description": (
             "The document was deleted since the validation (`document_gone`), or uploaded again and re-indexed "
             "(`document_changed`: its pages are another file's; validate again), or the page already has "
-            f"{MAX_VERDICTS_PER_PAGE} analysts' judgements in this validation (`too_many_verdicts`).")},
+            f"{MAX_VERDICTS_PER_PAGE} analysts' judgements in this validation (`too_many_verdicts`), or the "
+            f"validation has verdicts on {MAX_PAGES_BEYOND_RESULTS} pages it did not return (`too_many_pages`).")},
         422: {"model": ErrorResponse, "description": (
             "A field is missing or wrong, the document was not searched by the validation "
             "(`document_not_in_validation`), or it has no such page (`page_out_of_range`).")},
@@ -95,6 +96,8 @@ async def post_feedback(body: FeedbackRequest, caller: Caller = Depends(require_
         details = {"document_id": body.document_id, "page": body.page, "validation_id": body.validation_id}
         if exc.code == "too_many_verdicts":
             details["limit"] = MAX_VERDICTS_PER_PAGE
+        elif exc.code == "too_many_pages":
+            details["limit"] = MAX_PAGES_BEYOND_RESULTS
         raise ApiError(409, exc.code, str(exc), details) from None
     return FeedbackOut(feedback_id=row.id, validation_id=row.validation_id, document_id=row.document_id,
                        page=row.page, relevant=row.relevant, analyst=row.analyst or None, created=row.created)
