@@ -790,6 +790,14 @@ function init() {
   $("viewer-close").addEventListener("click", closeViewer);
   $("viewer-prev").addEventListener("click", () => stepViewer(-1));
   $("viewer-next").addEventListener("click", () => stepViewer(1));
+  // the arrow keys turn the pages too, as in a PDF viewer
+  $("viewer").addEventListener("keydown", (e) => {
+    const button = { ArrowLeft: "viewer-prev", ArrowRight: "viewer-next" }[e.key];
+    if (button && !$(button).disabled) {
+      e.preventDefault();
+      $(button).click();
+    }
+  });
   $("viewer").addEventListener("click", (e) => { if (e.target === $("viewer")) closeViewer(); });
   $("viewer").addEventListener("close", () => { viewerToken++; detachViewerVerdict(); });
 

@@ -306,6 +306,8 @@ def test_analyst_session_upload_validate_feedback(browser, server, tmp_path):
 
     # the larger view reads on through the document, and a verdict can be given on any page of
     # it (the evidence an analyst finds by reading further was out of reach)
+    from selenium.webdriver.common.keys import Keys
+
     again.find_element("css selector", ".thumb").click()
     wait(driver, visible("#viewer"), "the larger view did not open")
     assert by_css(driver, "#viewer-prev").is_enabled() and by_css(driver, "#viewer-next").is_enabled()
@@ -317,7 +319,7 @@ def test_analyst_session_upload_validate_feedback(browser, server, tmp_path):
     by_css(driver, "#viewer-verdict .verdict-no").click()
     wait(driver, lambda d: "Recorded: not relevant" in by_css(d, "#viewer-verdict .verdict-status").text,
          "the next page's verdict not recorded")
-    by_css(driver, "#viewer-prev").click()
+    by_css(driver, "#viewer").send_keys(Keys.ARROW_LEFT)  # the arrow keys turn the pages too
     wait(driver, lambda d: by_css(d, "#viewer-title").text.startswith("acme-2023 · page 2"), "no previous page")
     assert "Recorded" not in by_css(driver, "#viewer-verdict").text  # page 2's own verdict, none yet here
     by_css(driver, "#viewer-close").click()
