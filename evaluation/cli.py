@@ -20,7 +20,8 @@ COMPARE_HELP = ("Comma-separated configurations to compare, each [stage+]reranke
                 "e.g. 'bm25,hybrid,hybrid+classifier,hybrid+classifier@0.1'. A bare stage (bm25) means no "
                 "reranker; a bare reranker runs on bm25 (write hybrid+ for the search default); a classifier "
                 "without @t ranks every page, no threshold (`evidentia search` applies "
-                "EVIDENTIA_CLASSIFIER_THRESHOLD).")
+                "EVIDENTIA_CLASSIFIER_THRESHOLD). Default: what `evidentia search` runs without options "
+                "(EVIDENTIA_STAGE, EVIDENTIA_DEFAULT_RERANKER and its threshold).")
 
 
 def parse_ks(spec: str) -> list[int]:
@@ -111,9 +112,10 @@ def eval_command(
     pdf_dir: Optional[Path] = typer.Option(None, "--pdf-dir", help="Folder of the queries' PDFs, each found by its "
                                            "document id (the file name as `evidentia index` makes it): those not "
                                            "indexed yet are indexed from it first."),
-    compare: str = typer.Option("bm25", "--compare", help=COMPARE_HELP),
-    reranker: Optional[str] = typer.Option(None, "--reranker", help="Shorthand for one configuration: "
-                                           "bm25 + this reranker (none, llm, classifier, cosine); replaces --compare."),
+    compare: Optional[str] = typer.Option(None, "--compare", help=COMPARE_HELP),
+    reranker: Optional[str] = typer.Option(None, "--reranker", help="Shorthand for one configuration: the stage "
+                                           "`evidentia search` runs (EVIDENTIA_STAGE) + this reranker (none, llm, "
+                                           "classifier, cosine); replaces --compare."),
     threshold: Optional[float] = typer.Option(None, "--threshold", help="With --reranker classifier: the "
                                               "probability threshold t (default: none, every page ranked)."),
     k: str = typer.Option("1,3", "--k", help="Cut-offs of P@k and R@k, comma-separated."),
@@ -141,15 +143,26 @@ def eval_command(
     if pdf_dir is not None and not pdf_dir.is_dir():
         raise fail(f"--pdf-dir {pdf_dir}: no such folder")
     check_outputs(run_out, report)  # before the run, which may take many minutes
+    ctx = Context(batch=True)
+    try:
+        searched = ctx.engine.config()  # what `evidentia search` runs without options
+    except ConfigError:
+        searched = None
+    # the defaults a search gets: `eval --reranker classifier` measured bm25+classifier where
+    # `search --reranker classifier` ran hybrid, and a newcomer took one for the other
+    stage = searched.stage if searched is not None else "bm25"
+    explicit = compare is not None
     if reranker is not None:
         # checked here, each problem named by its flag: parse_compare's messages quote the
-        # configuration the shorthand makes ('bm25+classifier@1.5'), which the user never wrote
+        # configuration the shorthand makes ('hybrid+classifier@1.5'), which the user never wrote
         check_shorthand(reranker, threshold)
-        compare = "bm25" if reranker == "none" else f"bm25+{reranker}"
+        compare = stage if reranker == "none" else f"{stage}+{reranker}"
         if threshold is not None:
             compare += f"@{threshold:g}"
     elif threshold is not None:
         raise fail("--threshold goes with --reranker (or write it in --compare, e.g. classifier@0.15)")
+    elif compare is None:
+        compare = searched.label if searched is not None else "bm25"
     try:
         configs = parse_compare(compare)
     except ConfigError as exc:
@@ -159,16 +172,9 @@ def eval_command(
     except QueriesFileError as exc:
         raise fail(str(exc), EXIT_BAD_INPUT)
 
-    ctx = Context(batch=True)
     pool = pool_size or ctx.settings.pool_size
-    try:
-        searched = ctx.engine.config()  # what `evidentia search` runs without options
-    except ConfigError:
-        searched = None
-    if searched is not None and all((c.stage, c.reranker, c.threshold) != (searched.stage, searched.reranker,
+    if explicit and searched is not None and all((c.stage, c.reranker, c.threshold) != (searched.stage, searched.reranker,
                                                                           searched.threshold) for c in configs):
-        # `eval --reranker classifier` measured bm25+classifier, unthresholded, where `search
-        # --reranker classifier` runs hybrid at t: a newcomer took one for the other
         typer.echo(f"note: `evidentia search` runs {searched.label} by default, which is not among these; "
                    f"add it to --compare to measure what a search returns", err=True)
     try:

@@ -172,6 +172,18 @@ def test_eval_bm25_end_to_end(env, monkeypatch):
     assert "src=\"http" not in html and "<script" not in html
 
 
+def test_eval_measures_what_a_search_runs_by_default(env, monkeypatch):
+    """Without --compare, the configuration `evidentia search` runs without options (its
+    stage, its reranker); it was bm25 whatever the search ran."""
+    _, pdfs, queries = env
+    monkeypatch.setenv("EVIDENTIA_DEFAULT_RERANKER", "cosine")
+    data = json.loads(invoke("--queries", queries, "--pdf-dir", pdfs, "--json").stdout)
+    assert list(data["configs"]) == ["bm25+cosine"]  # the tests' stage is bm25 (EVIDENTIA_DENSE=off)
+    monkeypatch.setenv("EVIDENTIA_STAGE", "hybrid")
+    shorthand = invoke("--queries", queries, "--reranker", "cosine", "--json")
+    assert "hybrid+cosine" in shorthand.output  # the search's stage (no page vectors here: said so)
+
+
 def test_eval_json_and_k(env):
     tmp, pdfs, queries = env
     result = invoke("--queries", queries, "--pdf-dir", pdfs, "--json", "--k", "1,2,5", "--pool-size", "3")
