@@ -253,7 +253,8 @@ def _typo_hints(library, tenant: str, names: list[str], option: str | None = Non
                 repeated = " ".join(f"{option} {i}" for i in ids)
                 hints.append(f"{name!r} is {len(ids)} ids: repeat {option} for each ({repeated})")
             continue
-        if document_id_for(name) != name and document_id_for(name) in held:
+        as_id = document_id_for(name)
+        if as_id != name and as_id in held:
             continue  # a file's name, whose id _file_name_hints gives
         close = closest_document_id(name, mine)
         if close is not None:

@@ -231,8 +231,8 @@ def train_command(
             raise fail(f"{name} must be positive")
     if epochs <= 0 or not 0.0 <= eval_fraction < 1.0:
         raise fail("--epochs must be positive and --eval-fraction in [0, 1)")
-    if output_problem(out):  # said before the minutes of training, not after them
-        raise fail(output_problem(out))
+    if problem := output_problem(out):  # said before the minutes of training, not after them
+        raise fail(problem)
     require_files(("--data", data))
     try:
         records = read_records(data)
